@@ -1,0 +1,36 @@
+"""The `draftgym` command line: one parser, subcommands registered by each layer.
+
+Imports flow online -> simulator -> pipeline, so the top-level parser lives here.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline.errors import DraftGymError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from pipeline import cli as pipeline_cli
+
+    parser = argparse.ArgumentParser(prog="draftgym", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    pipeline_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except DraftGymError as e:
+        print(f"draftgym: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("draftgym: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The EAGLE-3 decoding engine on Hugging Face transformers, and its autoregressive baseline.
+
+One cycle (design.md vocabulary):
+
+    x_0 .. x_{n-1} in the target KV cache, x_n = root (emitted, not yet run by the target)
+    draft : head reads the pending entries (f_t, x_{t+1}) up to t = n-1        -> root's W children
+            then up to D-1 more forwards over the W beams                      -> pool of candidates
+    select: root + top V-1 pool nodes by cumulative draft log-prob             -> tree, mask, positions
+    verify: one target forward over the V tree tokens on top of the cache      -> logits, hidden states
+    accept: greedy or EAGLE's q = 1 sampling rule                              -> L accepted, 1 bonus
+    commit: compact the accepted path's KV entries; their fused features become the head's next
+            pending entries; emit L + 1 tokens.
+
+The autoregressive baseline runs the same target forward and the same DynamicCache, one token per
+step, so speedups compare like with like.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from pipeline.controller import Controller, CycleContext, CycleRecord, StaticController, TreeShape
+from pipeline.draft import DraftKV, expand_tree
+from pipeline.errors import DraftGymError
+from pipeline.head import Eagle3Head
+from pipeline.tree import select_tree
+from pipeline.verify import (accept_greedy, accept_sampling, compact_cache, sample_token, target_forward,
+                             verify_tree)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device before reading a clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class GenerationResult:
+    """One generation. tau = sum(emitted) / cycles (vLLM's mean acceptance length); the first token,
+    produced by the prefill, belongs to no cycle. tokens_per_s = new_tokens / wall_s, prefill included."""
+
+    method: str
+    prompt_ids: list[int]
+    output_ids: list[int]           # the new tokens only
+    cycles: list[CycleRecord] = field(default_factory=list)
+    wall_s: float = 0.0
+    prefill_s: float = 0.0
+    stop_reason: str = ""           # 'eos' | 'max_new_tokens'
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def tau(self) -> float | None:
+        if not self.cycles:
+            return None
+        return sum(c.emitted for c in self.cycles) / len(self.cycles)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def summary(self) -> dict:
+        return {"method": self.method, "new_tokens": self.new_tokens, "cycles": len(self.cycles),
+                "tau": self.tau, "tokens_per_s": self.tokens_per_s, "wall_s": self.wall_s,
+                "prefill_s": self.prefill_s, "stop_reason": self.stop_reason}
+
+    def cycle_rows(self) -> list[dict]:
+        return [asdict(c) for c in self.cycles]
+
+
+class Engine:
+    """EAGLE-3 (and AR) generation for one target + one head, batch size 1."""
+
+    def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
+        self.model = model
+        self.head = head
+        self.eos = set(eos_token_ids or ())
+        self.device = next(model.parameters()).device
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+    # -- shared pieces ------------------------------------------------------------------------
+    def _check_prompt(self, prompt_ids, max_new_tokens: int, margin: int) -> None:
+        if len(prompt_ids) == 0:
+            raise DraftGymError("empty prompt: no input tokens")
+        if max_new_tokens < 1:
+            raise DraftGymError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if len(prompt_ids) + max_new_tokens + margin > self.max_positions:
+            raise DraftGymError(f"prompt too long: {len(prompt_ids)} tokens + {max_new_tokens} new (+{margin} tree) "
+                                f"> the target's {self.max_positions} positions")
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+        return DynamicCache(config=self.model.config)
+
+    def _finish(self, out: list[int], max_new_tokens: int) -> tuple[list[int], str | None]:
+        """Cut at the first EOS (kept) or at max_new_tokens; None while generation should go on."""
+        for i, t in enumerate(out[:max_new_tokens]):
+            if t in self.eos:
+                return out[: i + 1], "eos"
+        if len(out) >= max_new_tokens:
+            return out[:max_new_tokens], "max_new_tokens"
+        return out, None
+
+    # -- autoregressive baseline -----------------------------------------------------------------
+    @torch.inference_mode()
+    def generate_ar(self, prompt_ids: list[int], max_new_tokens: int = 128, temperature: float = 0.0,
+                    seed: int = 0) -> GenerationResult:
+        self._check_prompt(prompt_ids, max_new_tokens, 0)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        res = GenerationResult("ar", list(prompt_ids), [])
+        sync(self.device)
+        t0 = time.perf_counter()
+        cache = self._new_cache()
+        ids = torch.tensor([prompt_ids], device=self.device)
+        logits, _ = target_forward(self.model, ids, torch.arange(len(prompt_ids), device=self.device)[None], cache,
+                                   hidden_states=False)
+        out = [sample_token(logits[-1], temperature, gen)]
+        sync(self.device)
+        res.prefill_s = time.perf_counter() - t0
+        out, stop = self._finish(out, max_new_tokens)
+        while stop is None:
+            n = len(prompt_ids) + len(out) - 1          # position of the last emitted token
+            logits, _ = target_forward(self.model, torch.tensor([[out[-1]]], device=self.device),
+                                       torch.tensor([[n]], device=self.device), cache, hidden_states=False)
+            out.append(sample_token(logits[-1], temperature, gen))
+            out, stop = self._finish(out, max_new_tokens)
+        sync(self.device)
+        res.wall_s = time.perf_counter() - t0
+        res.output_ids, res.stop_reason = out, stop
+        return res
+
+    # -- EAGLE-3 -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
+                 controller: Controller | None = None) -> GenerationResult:
+        if self.head is None:
+            raise DraftGymError("method eagle3 needs an EAGLE-3 head")
+        controller = controller or StaticController()
+        controller.reset()
+        self._check_prompt(prompt_ids, max_new_tokens, 0)
+        dev, head = self.device, self.head
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        res = GenerationResult("eagle3", list(prompt_ids), [])
+        sync(dev)
+        t0 = time.perf_counter()
+
+        # prefill: target over the prompt -> first token (the first root) and features f_0..f_{n-1}
+        cache = self._new_cache()
+        n = len(prompt_ids)
+        logits, hs = target_forward(self.model, torch.tensor([prompt_ids], device=dev),
+                                    torch.arange(n, device=dev)[None], cache)
+        out = [sample_token(logits[-1], temperature, gen)]
+        seq = list(prompt_ids) + out
+        draft_kv = DraftKV()
+        pending_feat = head.fuse(hs)                     # [1, n, H]: entries (f_t, x_{t+1}) not yet in draft_kv
+        sync(dev)
+        res.prefill_s = time.perf_counter() - t0
+        out, stop = self._finish(out, max_new_tokens)
+        last: CycleRecord | None = None
+
+        while stop is None:
+            tc0 = time.perf_counter()
+            n = len(seq) - 1                             # tokens in the target cache; seq[n] is the root
+            t_ctrl = 0.0
+            ctx = CycleContext(cycle=len(res.cycles), context_len=n, new_tokens=len(out), last=last)
+            c0 = time.perf_counter()
+            shape: TreeShape = controller.plan(ctx)
+            sync(dev)
+            t_ctrl += time.perf_counter() - c0
+
+            # draft forward 1: the pending entries; the last one reads the root
+            d0 = time.perf_counter()
+            m = pending_feat.shape[1]
+            s0 = draft_kv.length                         # == n - m
+            tok = torch.tensor([seq[s0 + 1 : n + 1]], device=dev)      # x_{t+1} for t = s0..n-1
+            g, dlogits, new_kv = head(tok, pending_feat, torch.arange(s0, n, device=dev), past_kv=draft_kv.kv)
+            draft_kv.append(new_kv)
+            ctrl_time = [0.0]
+
+            def ask(step, _c=controller, _t=ctrl_time):
+                a = time.perf_counter()
+                r = _c.continue_drafting(step)
+                sync(dev)
+                _t[0] += time.perf_counter() - a
+                return r
+
+            pool = expand_tree(head, draft_kv.kv, torch.ones(1, n, dtype=torch.bool, device=dev),
+                               g[:, -1], dlogits[:, -1], torch.tensor([n - 1], device=dev), shape.width,
+                               shape.depth, context_len=[n], should_continue=ask)
+            c0 = time.perf_counter()
+            V = int(controller.verify_size(pool, shape))
+            sync(dev)
+            ctrl_time[0] += time.perf_counter() - c0
+            tree = select_tree(pool, 0, seq[n], V)
+            sync(dev)
+            t_draft = time.perf_counter() - d0 - ctrl_time[0]
+            t_ctrl += ctrl_time[0]
+
+            # verify: one target forward over the tree, then acceptance and KV compaction
+            v0 = time.perf_counter()
+            vlogits, vhs = verify_tree(self.model, tree, n, cache)
+            if temperature <= 0:
+                path, bonus = accept_greedy(tree, vlogits)
+            else:
+                path, bonus = accept_sampling(tree, vlogits, temperature, gen)
+            keep = [0] + path                            # tree indices of root + accepted nodes
+            compact_cache(cache, n, keep)
+            keep_t = torch.tensor(keep, device=dev)
+            pending_feat = head.fuse(tuple(h[:, keep_t] for h in vhs))  # f_n .. f_{n+L}
+            sync(dev)
+            t_verify = time.perf_counter() - v0
+
+            new = tree.tokens[keep_t[1:]].tolist() + [bonus]
+            before = len(out)
+            out, stop = self._finish(out + new, max_new_tokens)
+            seq = list(prompt_ids) + out
+            emitted = len(out) - before
+            last = CycleRecord(depth=pool.depth, width=shape.width, verify_size=tree.size, accepted=len(path),
+                               emitted=emitted, context_len=n, t_draft=t_draft, t_verify=t_verify,
+                               t_controller=t_ctrl, t_cycle=0.0)
+            c0 = time.perf_counter()
+            controller.observe(last)
+            last.t_controller += time.perf_counter() - c0
+            last.t_cycle = time.perf_counter() - tc0
+            res.cycles.append(last)
+
+        sync(dev)
+        res.wall_s = time.perf_counter() - t0
+        res.output_ids, res.stop_reason = out, stop
+        return res
