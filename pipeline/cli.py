@@ -10,7 +10,7 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    for add in (add_generate, add_datasets):
+    for add in (add_generate, add_datasets, add_train_draft):
         add(sub)
 
 
@@ -49,3 +49,44 @@ def _run_datasets(args: argparse.Namespace) -> int:
     from pipeline.datasets import run_datasets_command
 
     return run_datasets_command(args)
+
+
+def add_train_draft(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train-draft", help="train an EAGLE-3 draft head (self-distillation + training-time test)")
+    p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', a HF model dir or a hub id")
+    p.add_argument("--dataset", default="sharegpt",
+                   help="comma list of train-split datasets, each NAME or NAME:COUNT (e.g. sharegpt,gsm8k:300)")
+    p.add_argument("--n-prompts", type=int, default=None, help="prompts in total, shared evenly (default 2000)")
+    p.add_argument("--out", required=True, help="head directory: config.json, model.safetensors, manifest.json")
+    p.add_argument("--work-dir", default=None, help="caches and checkpoints (default $DRAFTGYM_CACHE/train-draft/<model>)")
+    p.add_argument("--draft-vocab-size", type=int, default=None, help="default 8192")
+    p.add_argument("--intermediate-size", type=int, default=None, help="head MLP width (default: the target's)")
+    p.add_argument("--ttt-steps", type=int, default=None, help="training-time-test steps (default 7)")
+    p.add_argument("--max-len", type=int, default=None, help="tokens per training sequence (default 512)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="regenerated answer length (default 256)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="skip longer prompts (default 256)")
+    p.add_argument("--gen-batch-size", type=int, default=None, help="prompts per generate call (default 32)")
+    p.add_argument("--regen-budget-min", type=float, default=None,
+                   help="stop regenerating answers after this long and train on those done (resumable)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
+    p.add_argument("--epochs", type=float, default=None, help="passes over the data (default 1; unlimited with a budget)")
+    p.add_argument("--time-budget-min", type=float, default=None, help="stop and save after this much training time")
+    p.add_argument("--batch-size", type=int, default=None, help="max sequences per batch (default 16)")
+    p.add_argument("--batch-tokens", type=int, default=None, help="max padded tokens per batch (default 4096)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 5e-4)")
+    p.add_argument("--warmup-steps", type=int, default=None, help="default 50")
+    p.add_argument("--amp", choices=["auto", "bf16", "none"], default=None, help="bf16 autocast (default auto)")
+    p.add_argument("--no-feature-cache", action="store_true", help="recompute target features every epoch")
+    p.add_argument("--no-init-from-target", action="store_true", help="random lm_head instead of the target's rows")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (default 500)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if present)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the work dir")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    p.set_defaults(func=_run_train_draft)
+
+
+def _run_train_draft(args: argparse.Namespace) -> int:
+    from pipeline.train_draft import run_train_draft_command
+
+    return run_train_draft_command(args)

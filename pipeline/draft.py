@@ -56,7 +56,7 @@ def expand_tree(head: Eagle3Head, prefix_kv: tuple[torch.Tensor, torch.Tensor], 
     should_continue is asked after each forward (batch 1 only); returning False stops drafting.
     """
     B, dev = root_hidden.shape[0], root_hidden.device
-    W = width
+    W = min(width, root_logits.shape[-1])                               # top_k cannot exceed the draft vocab
     logp = log_softmax32(root_logits)                                    # [B, Vd]
     scores, ids = logp.topk(W, dim=-1)                                   # [B, W] depth-1 nodes
     tokens = [head.draft_to_target(ids)]

@@ -219,7 +219,7 @@ class Engine:
             out, stop = self._finish(out + new, max_new_tokens)
             seq = list(prompt_ids) + out
             emitted = len(out) - before
-            last = CycleRecord(depth=pool.depth, width=shape.width, verify_size=tree.size, accepted=len(path),
+            last = CycleRecord(depth=pool.depth, width=pool.width, verify_size=tree.size, accepted=len(path),
                                emitted=emitted, context_len=n, t_draft=t_draft, t_verify=t_verify,
                                t_controller=t_ctrl, t_cycle=0.0)
             c0 = time.perf_counter()

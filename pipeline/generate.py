@@ -10,7 +10,7 @@ from pipeline.controller import StaticController
 from pipeline.engine import Engine
 from pipeline.errors import DraftGymError
 from pipeline.fingerprint import device_name
-from pipeline.head import load_head, random_head
+from pipeline.head import load_head, random_head, resolve_head_dir
 from pipeline.target import encode_prompt, load_target
 
 
@@ -22,6 +22,8 @@ def load_head_for(spec: str, target_model, seed: int = 0):
 def run_generate(args) -> int:
     if args.temperature < 0:
         raise DraftGymError(f"temperature must be >= 0, got {args.temperature}")
+    if args.method == "eagle3" and args.head != "random":
+        resolve_head_dir(args.head)  # fail on a wrong head path before spending seconds on the target
     target = load_target(args.model, device=args.device, dtype=args.dtype)
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat_template=not args.no_chat_template)
     head = load_head_for(args.head, target.model, args.seed) if args.method == "eagle3" else None

@@ -143,7 +143,9 @@ def load_target(name_or_path: str = EMBEDDED_DEFAULT, device: str | torch.device
     device: default cuda when available, else cpu. dtype: default bf16 on GPU, fp32 on CPU.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # per-tensor bars are noise here; errors stay one line
     device = torch.device(device) if device is not None else default_device()
     torch_dtype = resolve_dtype(dtype, device)
     if name_or_path == EMBEDDED_DEFAULT:

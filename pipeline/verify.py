@@ -90,6 +90,7 @@ def sample_token(logits: torch.Tensor, temperature: float, generator: torch.Gene
     return int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator))
 
 
+@torch.inference_mode()
 def compact_cache(cache, prefix_len: int, keep: list[int]) -> None:
     """Keep the prefix and the tree entries `keep` (tree indices, root first), contiguous.
 

@@ -1,0 +1,32 @@
+"""Shared fixtures: tiny random Llama targets (fast) and the embedded default target (slow, cached)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def make_tiny_llama(vocab: int = 64, hidden: int = 32, layers: int = 4, heads: int = 4, kv_heads: int = 2,
+                    seed: int = 0, max_positions: int = 512):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(cfg).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    return make_tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded default target (dequantised once into the user cache, then ~5 s to load)."""
+    from pipeline.target import load_target
+
+    return load_target("smollm2-135m", device="cpu")

@@ -1,0 +1,151 @@
+"""EAGLE-3 head: the official checkpoint format loads, and heads that do not fit their target fail clearly."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipeline.controller import StaticController
+from pipeline.engine import Engine
+from pipeline.errors import DraftGymError, HeadMismatchError
+from pipeline.head import Eagle3Config, Eagle3Head, load_head, random_head, save_head, target_layer_ids
+
+OFFICIAL_KEYS = [
+    "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+    "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight",
+    "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight",
+    "midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight",
+]
+
+
+def official_checkpoint(tmp_path, target, hidden=32, draft_vocab=24, fmt="bin", prefix="", seed=0):
+    """Write a head the way SafeAILab/EAGLE releases them: config.json + weights with the official
+    key names, a d2t/t2d vocabulary mapping, no embed_tokens. Returns (dir, raw tensors)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, H_t = target.config.vocab_size, target.config.hidden_size
+    nh, nkv, inter = 4, 2, 80
+    d = hidden // nh
+    shapes = {
+        "fc.weight": (hidden, 3 * H_t), "norm.weight": (hidden,), "lm_head.weight": (draft_vocab, hidden),
+        "midlayer.self_attn.q_proj.weight": (nh * d, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": (nkv * d, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": (nkv * d, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": (hidden, nh * d),
+        "midlayer.mlp.gate_proj.weight": (inter, hidden), "midlayer.mlp.up_proj.weight": (inter, hidden),
+        "midlayer.mlp.down_proj.weight": (hidden, inter),
+        "midlayer.hidden_norm.weight": (hidden,), "midlayer.input_layernorm.weight": (hidden,),
+        "midlayer.post_attention_layernorm.weight": (hidden,),
+    }
+    sd = {k: (1 + 0.1 * torch.randn(s, generator=g)) if len(s) == 1 else 0.05 * torch.randn(s, generator=g)
+          for k, s in shapes.items()}
+    draft_ids = torch.randperm(vocab, generator=g)[:draft_vocab].sort().values   # the chosen draft vocabulary
+    sd["d2t"] = draft_ids - torch.arange(draft_vocab)                            # target_id = i + d2t[i]
+    sd["t2d"] = torch.zeros(vocab, dtype=torch.bool)
+    sd["t2d"][draft_ids] = True
+    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "intermediate_size": inter,
+           "num_attention_heads": nh, "num_key_value_heads": nkv, "num_hidden_layers": 1, "vocab_size": vocab,
+           "draft_vocab_size": draft_vocab, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048,
+           "torch_dtype": "bfloat16", "hidden_act": "silu", "model_type": "llama", "bos_token_id": 0}
+    if hidden != H_t:
+        cfg["target_hidden_size"] = H_t
+        sd["embed_tokens.weight"] = 0.05 * torch.randn(vocab, hidden, generator=g)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    files = {f"{prefix}{k}": v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items()}
+    if fmt == "bin":
+        torch.save(files, tmp_path / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+        save_file(files, str(tmp_path / "model.safetensors"))
+    return tmp_path, sd
+
+
+@pytest.mark.parametrize("fmt,prefix", [("bin", ""), ("safetensors", ""), ("safetensors", "model.")])
+def test_official_checkpoint_loads(tmp_path, tiny_llama, fmt, prefix):
+    ckpt, sd = official_checkpoint(tmp_path, tiny_llama, fmt=fmt, prefix=prefix)
+    head = load_head(str(ckpt), tiny_llama)
+    assert set(OFFICIAL_KEYS) <= set(head.state_dict())
+    for k in OFFICIAL_KEYS:  # every official tensor landed in the right place (bf16 on disk -> fp32 here)
+        want = sd[k].to(torch.bfloat16).float() if sd[k].is_floating_point() else sd[k]
+        assert torch.equal(head.state_dict()[k].to(want.dtype), want), k
+    # embeddings come from the target; the fused layers are 2, L//2, L-3
+    assert head.embed_tokens.weight.data_ptr() == tiny_llama.get_input_embeddings().weight.data_ptr()
+    assert head.layer_ids == target_layer_ids(4) == (2, 2, 1)
+    # draft ids map to target ids through d2t
+    ids = torch.arange(24)
+    mapped = head.draft_to_target(ids)
+    assert torch.equal(mapped, ids + sd["d2t"]) and bool(sd["t2d"][mapped].all())
+    # and it drafts losslessly
+    eng = Engine(tiny_llama, head)
+    assert eng.generate([1, 2, 3], 20, controller=StaticController(4, 3, 12)).output_ids == \
+        eng.generate_ar([1, 2, 3], 20).output_ids
+
+
+def test_head_with_own_hidden_size_and_embeddings(tmp_path, tiny_llama):
+    """target_hidden_size set: the head is wider than the target and ships its own embed_tokens."""
+    ckpt, sd = official_checkpoint(tmp_path, tiny_llama, hidden=48)
+    head = load_head(str(ckpt), tiny_llama)
+    assert head.cfg.hidden_size == 48 and head.cfg.target_hidden_size == 32
+    assert torch.equal(head.embed_tokens.weight, sd["embed_tokens.weight"].to(torch.bfloat16).float())
+    eng = Engine(tiny_llama, head)
+    assert eng.generate([7, 8], 16, controller=StaticController(3, 4, 10)).output_ids == \
+        eng.generate_ar([7, 8], 16).output_ids
+
+
+def test_save_load_roundtrip(tmp_path, tiny_llama):
+    head = random_head(tiny_llama, draft_vocab_size=30, seed=5)
+    save_head(head, tmp_path)
+    again = load_head(str(tmp_path), tiny_llama)
+    x = torch.tensor([[1, 2, 3]])
+    h = torch.randn(1, 3, 32)
+    torch.testing.assert_close(head(x, h, torch.arange(3))[1], again(x, h, torch.arange(3))[1])
+    assert "embed_tokens.weight" not in __import__("safetensors.torch").torch.load_file(str(tmp_path / "model.safetensors"))
+
+
+def test_wrong_hidden_size_is_a_clear_error(tmp_path):
+    from tests.conftest import make_tiny_llama
+
+    other = make_tiny_llama(hidden=48, heads=4, kv_heads=2)       # the head was built for hidden 48
+    ckpt, _ = official_checkpoint(tmp_path, other, hidden=48)
+    target = make_tiny_llama(hidden=32)
+    with pytest.raises(HeadMismatchError) as e:
+        load_head(str(ckpt), target)
+    msg = str(e.value)
+    assert "\n" not in msg and "hidden size is 32" in msg and "3 x 48" in msg
+
+
+def test_wrong_vocab_is_a_clear_error(tmp_path, tiny_llama):
+    from tests.conftest import make_tiny_llama
+
+    ckpt, _ = official_checkpoint(tmp_path, make_tiny_llama(vocab=100), draft_vocab=24)
+    with pytest.raises(HeadMismatchError, match="vocab_size 100 != target vocabulary 64"):
+        load_head(str(ckpt), tiny_llama)
+
+
+def test_bad_head_paths_and_files(tmp_path, tiny_llama):
+    with pytest.raises(DraftGymError, match="not found"):
+        load_head(str(tmp_path / "nope"), tiny_llama)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DraftGymError, match="no config.json"):
+        load_head(str(tmp_path / "empty"), tiny_llama)
+    ckpt, _ = official_checkpoint(tmp_path / "empty", tiny_llama, fmt="safetensors")
+    raw = (ckpt / "model.safetensors").read_bytes()
+    (ckpt / "model.safetensors").write_bytes(raw[: len(raw) // 2])            # truncated download
+    with pytest.raises(DraftGymError, match="cannot read head weights"):
+        load_head(str(ckpt), tiny_llama)
+    (ckpt / "model.safetensors").unlink()
+    sd = {"fc.weight": torch.zeros(32, 96)}
+    torch.save(sd, ckpt / "pytorch_model.bin")
+    with pytest.raises(HeadMismatchError, match="lacks 12 keys"):
+        load_head(str(ckpt), tiny_llama)
+
+
+def test_config_from_official_json_defaults():
+    cfg = Eagle3Config.from_json({"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+                                  "num_key_value_heads": 8, "vocab_size": 128256, "draft_vocab_size": 32000,
+                                  "rms_norm_eps": 1e-5, "max_position_embeddings": 2048})
+    assert cfg.rope_theta == 10000.0 and cfg.dim_head == 128 and cfg.fused_size == 3 * 4096
+    head = Eagle3Head(Eagle3Config(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=50, draft_vocab_size=20), (2, 4, 5))
+    assert head.lm_head.weight.shape == (20, 64) and head.fc.weight.shape == (64, 192)

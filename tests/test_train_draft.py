@@ -1,0 +1,256 @@
+"""EAGLE-3 head training (pipeline.train_draft) on a tiny random Llama target, no tokenizer needed.
+
+The key test is `test_trained_head_drafts_in_the_engine`: a head trained on the target's own greedy
+continuations must reach tau > 1 in `Engine.generate` on those sequences (and stay lossless). If the
+training-time-test positions disagreed with the engine's, tau would stay ~1.
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from pipeline.controller import StaticController
+from pipeline.engine import Engine
+from pipeline.head import load_head, random_head
+from pipeline.train_draft import (FeatureStore, TrainConfig, TrainSequence, _pad_batch, allocate, batch_features,
+                                  build_draft_vocab, build_head, make_batches, parse_dataset_spec, train_head,
+                                  ttt_loss, ttt_mask)
+from pipeline.verify import target_forward
+from tests.conftest import make_tiny_llama
+
+VOCAB = 128
+
+
+def _sharp_tiny_llama(seed: int = 0):
+    """A tiny random Llama whose next-token distributions are peaked, like a trained LM's."""
+    model = make_tiny_llama(vocab=VOCAB, hidden=32, layers=4, heads=4, kv_heads=2, seed=seed)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(60.0)
+    return model
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(model="tiny-llama", draft_vocab_size=64, ttt_steps=4, steps=100, batch_size=8, batch_tokens=4096,
+                lr=3e-3, warmup_steps=5, amp="none", log_every=10, checkpoint_every=0, checkpoint_every_min=1e9,
+                val_fraction=0.0, out="unused")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def distilled():
+    """The tiny target and its own greedy continuations of 16 random prompts (self-distillation)."""
+    model = _sharp_tiny_llama()
+    eng = Engine(model, None)
+    gen = torch.Generator().manual_seed(1)
+    seqs = []
+    for _ in range(16):
+        prompt = torch.randint(0, VOCAB, (8,), generator=gen).tolist()
+        seqs.append(TrainSequence(prompt + eng.generate_ar(prompt, max_new_tokens=40).output_ids, len(prompt)))
+    return model, seqs
+
+
+@pytest.fixture(scope="module")
+def trained(distilled, tmp_path_factory):
+    model, seqs = distilled
+    root = tmp_path_factory.mktemp("train_draft")
+    cfg = _cfg(out=str(root / "head"))
+    manifest = train_head(cfg, model, seqs, root / "head", root / "work", data_info={"datasets": {"tiny": 16}},
+                          progress_bar=False)
+    return model, seqs, manifest, root / "head", cfg
+
+
+# ----------------------------------------------------------------------------- the training loop
+
+def test_loss_falls(trained):
+    _, _, manifest, _, _ = trained
+    curve = manifest["curve"]
+    assert curve[0]["step"] == 1 and curve[-1]["step"] == 100
+    assert curve[-1]["loss"] < 0.7 * curve[0]["loss"], (curve[0]["loss"], curve[-1]["loss"])
+    assert curve[-1]["acc"][0] > 0.5 and curve[-1]["acc"][0] > curve[0]["acc"][0] + 0.3
+
+
+def test_trained_head_drafts_in_the_engine(trained):
+    """Train/inference conventions agree: tau > 1 on the training sequences, outputs lossless."""
+    model, seqs, manifest, _, _ = trained
+    head = manifest["_head"]
+    eng = Engine(model, head)
+    taus, random_taus = [], []
+    rand = Engine(model, random_head(model, draft_vocab_size=64, seed=5))
+    for s in seqs[:6]:
+        prompt = s.ids[: s.prompt_len]
+        ar = eng.generate_ar(prompt, max_new_tokens=40)
+        assert ar.output_ids == s.ids[s.prompt_len:]
+        sp = eng.generate(prompt, max_new_tokens=40, controller=StaticController(8, 10, 60))
+        assert sp.output_ids == ar.output_ids
+        taus.append(sp.tau)
+        random_taus.append(rand.generate(prompt, max_new_tokens=40, controller=StaticController(8, 10, 60)).tau)
+        chain = eng.generate(prompt, max_new_tokens=40, controller=StaticController(4, 1, 5))   # one chain, W = 1
+        assert chain.output_ids == ar.output_ids
+    mean_tau = sum(taus) / len(taus)
+    assert mean_tau > 2.0, taus
+    assert mean_tau > sum(random_taus) / len(random_taus) + 0.8, (taus, random_taus)
+
+
+def test_ttt_matches_sequential_drafting(distilled):
+    """Step i of the training-time test at index t gives the same logits as the engine's way of
+    drafting: prefix entries (f_s, x_{s+1}) for s <= t, then a chain fed (g_parent, x) at t+1, t+2 ..."""
+    model, seqs = distilled
+    cfg = _cfg()
+    vocab_ids, _ = build_draft_vocab(seqs, 64, VOCAB)
+    head = build_head(model, vocab_ids, cfg).eval()
+    torch.nn.init.normal_(head.midlayer.self_attn.o_proj.weight, std=0.3)   # make attention matter
+    idx = [0, 3, 5]
+    dev = torch.device("cpu")
+    ids, lens, pl, T = _pad_batch(seqs, idx, dev)
+    fused, final, am = batch_features(model, head.layer_ids, seqs, idx, T, dev, False, None)
+    lm_w = model.get_output_embeddings().weight[vocab_ids].float()
+    t2draft = torch.full((VOCAB,), -1, dtype=torch.long)
+    t2draft[vocab_ids] = torch.arange(64)
+    K = 4
+    cap: list = []
+    with torch.no_grad():
+        ttt_loss(head, ids, lens, pl, fused, final, am, lm_w, t2draft, K, 0.8, False, capture=cap)
+        b, seq = 1, seqs[3].ids
+        # the engine's features: head.fuse over target_forward hidden states (fp32; the trainer's pass through fp16)
+        _, hs = target_forward(model, torch.tensor([seq]), torch.arange(len(seq))[None], _cache(model))
+        f_engine = head.fuse(hs)
+        f_train = head.fc(fused[b: b + 1, : len(seq)])
+        assert torch.allclose(f_train, f_engine, atol=2e-2)                # same layers, fp16 rounding only
+        for t in (7, 12, 20):
+            x = torch.tensor([seq])
+            g, lg, kv = head(x[:, 1: t + 2], f_train[:, : t + 1], torch.arange(t + 1))   # prefix entries 0..t
+            hid, chain_logits = g[:, -1:], [lg[0, -1]]
+            past = kv
+            for i in range(1, K):
+                g, lg, nkv = head(x[:, t + 1 + i: t + 2 + i], hid, torch.tensor([t + i]), past_kv=past)
+                past = (torch.cat([past[0], nkv[0]], 2), torch.cat([past[1], nkv[1]], 2))
+                hid = g
+                chain_logits.append(lg[0, -1])
+            for i, (pos, logits) in enumerate(cap):
+                r = int((pos == t).nonzero())
+                assert torch.allclose(logits[b, r], chain_logits[i], atol=1e-4), (t, i)
+
+
+def _cache(model):
+    from transformers import DynamicCache
+    return DynamicCache(config=model.config)
+
+
+def test_ttt_mask_structure():
+    m = ttt_mask(T=6, t0=2, K=3, dtype=torch.float32, device="cpu")
+    assert m.shape == (4, 6 + 2 * 4)
+    allowed = m == 0
+    for r in range(4):
+        t = 2 + r
+        assert allowed[r, :6].tolist() == [c <= t for c in range(6)]
+        for blk in range(2):
+            assert allowed[r, 6 + 4 * blk: 10 + 4 * blk].tolist() == [c == r for c in range(4)]
+
+
+# ----------------------------------------------------------------------------- saving and loading
+
+def test_saved_head_reloads_with_identical_logits(trained):
+    model, seqs, manifest, out, _ = trained
+    cfg_json = json.loads((out / "config.json").read_text())
+    assert cfg_json["torch_dtype"] == "bfloat16" and cfg_json["draft_vocab_size"] == 64
+    from safetensors.torch import load_file
+    sd = load_file(str(out / "model.safetensors"))
+    assert sd["fc.weight"].dtype == torch.bfloat16 and "embed_tokens.weight" not in sd
+    loaded = load_head(str(out), model)
+    assert next(loaded.parameters()).dtype == torch.float32          # bf16 file -> the target's fp32
+    ref = copy.deepcopy(manifest["_head"])
+    with torch.no_grad():
+        for p in ref.parameters():
+            if p.requires_grad:
+                p.copy_(p.bfloat16().float())
+    assert torch.equal(loaded.d2t, ref.d2t) and torch.equal(loaded.t2d, ref.t2d)
+    ids = torch.tensor([seqs[0].ids[:20]])
+    hidden = torch.randn(1, 20, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        g1, l1, _ = loaded(ids, hidden, torch.arange(20))
+        g2, l2, _ = ref(ids, hidden, torch.arange(20))
+    assert torch.allclose(l1, l2, atol=1e-5) and torch.allclose(g1, g2, atol=1e-5)
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["training"]["steps"] == 100 and man["sizes"]["draft_vocab_size"] == 64
+    assert man["data"]["datasets"] == {"tiny": 16} and man["environment"]["torch"] == torch.__version__
+    assert len(man["final_metrics"]["train_acc"]) == 4 and man["seed"] == 0
+
+
+def test_resume_continues_identically(distilled, tmp_path):
+    """Stop after 10 of 20 steps, resume: same parameters as one uninterrupted run."""
+    model, seqs = distilled
+    full = train_head(_cfg(steps=20), model, seqs, tmp_path / "a", tmp_path / "wa", progress_bar=False)["_head"]
+    stopped = train_head(_cfg(steps=20), model, seqs, tmp_path / "b", tmp_path / "wb", progress_bar=False,
+                         callback=lambda step: step >= 10)
+    assert stopped["training"]["steps"] == 10 and stopped["training"]["stop_reason"] == "callback"
+    assert (tmp_path / "wb" / "checkpoint.pt").is_file()
+    resumed = train_head(_cfg(steps=20, resume=True), model, seqs, tmp_path / "b", tmp_path / "wb",
+                         progress_bar=False)
+    assert resumed["training"]["steps"] == 20
+    for (n, p), (_, q) in zip(full.named_parameters(), resumed["_head"].named_parameters()):
+        assert torch.equal(p, q), n
+
+
+def test_feature_cache_matches_fresh_features(distilled, tmp_path):
+    model, seqs = distilled
+    head = random_head(model, seed=0)
+    lengths = [len(s.ids) for s in seqs]
+    store = FeatureStore(tmp_path / "f", lengths, 3 * 32, 32)
+    idx = [2, 7]
+    T = max(lengths[i] for i in idx)
+    first = batch_features(model, head.layer_ids, seqs, idx, T, torch.device("cpu"), False, store)
+    assert store.done[2] and store.done[7] and not store.done[0]
+    store.flush()
+    again = FeatureStore(tmp_path / "f", lengths, 3 * 32, 32)                 # reopened: reads the cache
+    assert again.done[2]
+    second = batch_features(model, head.layer_ids, seqs, idx, T, torch.device("cpu"), False, again)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------- data plumbing
+
+def test_draft_vocab_is_most_frequent_answer_tokens():
+    seqs = [TrainSequence([100, 101, 5, 5, 5, 7, 7, 9], 2), TrainSequence([100, 3, 7, 5], 1)]
+    ids, stats = build_draft_vocab(seqs, 3, 128)
+    assert ids.tolist() == [3, 5, 7]                  # 5 x4, 7 x3, then 3 and 9 tie (x1): lower id wins
+    assert stats["answer_tokens"] == 9 and abs(stats["answer_token_coverage"] - 8 / 9) < 1e-9
+    model = _sharp_tiny_llama()
+    head = build_head(model, ids, _cfg(draft_vocab_size=3))
+    assert head.draft_to_target(torch.arange(3)).tolist() == [3, 5, 7]
+    assert head.t2d.nonzero().flatten().tolist() == [3, 5, 7]
+    # lm_head starts as the target's output rows of those tokens
+    assert torch.equal(head.lm_head.weight, model.lm_head.weight[ids])
+
+
+def test_batches_are_deterministic_and_cover_everything():
+    cfg = _cfg(batch_size=4, batch_tokens=40)
+    lengths = [5, 30, 12, 8, 9, 10, 3, 20, 7, 7]
+    b1 = make_batches(lengths, list(range(10)), cfg, epoch=0)
+    assert b1 == make_batches(lengths, list(range(10)), cfg, epoch=0)
+    assert sorted(i for b in b1 for i in b) == list(range(10))
+    assert all(len(b) <= 4 and len(b) * max(lengths[i] for i in b) <= 40 or len(b) == 1 for b in b1)
+
+
+def test_dataset_allocation():
+    assert parse_dataset_spec("sharegpt,gsm8k:300") == [("sharegpt", None), ("gsm8k", 300)]
+    sizes = {"sharegpt": 13902, "humaneval": 131, "mt-bench": 65, "gsm8k": 1075}
+    a = allocate(1000, sizes, {})
+    assert a["mt-bench"] == 65 and a["humaneval"] == 131 and sum(a.values()) == 1000
+    assert abs(a["sharegpt"] - a["gsm8k"]) <= 1
+    assert allocate(10, sizes, {"gsm8k": 4}) == {"gsm8k": 4, "mt-bench": 2, "humaneval": 2, "sharegpt": 2}
+
+
+def test_cli_registers_train_draft():
+    from online.cli import build_parser
+
+    args = build_parser().parse_args(["train-draft", "--dataset", "sharegpt,gsm8k", "--n-prompts", "10",
+                                      "--out", "x", "--ttt-steps", "3", "--time-budget-min", "5"])
+    from pipeline.train_draft import config_from_args
+    cfg = config_from_args(args)
+    assert cfg.datasets == ("sharegpt", "gsm8k") and cfg.n_prompts == 10 and cfg.ttt_steps == 3
+    assert cfg.time_budget_min == 5 and cfg.draft_vocab_size == 8192
