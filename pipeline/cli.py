@@ -10,7 +10,9 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    for add in (add_generate, add_datasets, add_train_draft):
+    from pipeline.collect_job import add_collect
+
+    for add in (add_generate, add_datasets, add_train_draft, add_collect):
         add(sub)
 
 

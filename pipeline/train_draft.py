@@ -832,6 +832,9 @@ def regenerate(target, prompts: list[dict], cfg: TrainConfig, path: Path, progre
     todo = [todo[i] for i in order]
     span = cfg.gen_batch_size * 8
     todo = [p for c in range(0, len(todo), span) for p in sorted(todo[c:c + span], key=lambda p: len(p["prompt_ids"]))]
+    if todo and cfg.regen_budget_min is not None and cfg.regen_budget_min <= 0:
+        _log(f"regeneration budget 0: training on the {len(done)} cached answers, {len(todo)} prompts skipped")
+        todo = []
     if todo:
         _log(f"regenerating {len(todo)} answers ({len(done)} cached) -> {path}")
         dev = target.device

@@ -1,0 +1,198 @@
+"""Parquet tables of DraftGym logs: schemas, versions, layout, atomic writes and checked reads.
+
+Layout (hive partitions, DuckDB/Polars read them directly):
+
+    <logs>/<table>/model=<model>/dataset=<dataset>/temperature=<T>/<shard>.parquet
+    <logs>/_runs/<run_key>.json          config + environment fingerprint of each collection run
+
+Tables (SCHEMA_VERSION is stored in every file's key-value metadata as `draftgym.schema_version`
+and in a `schema_version` column; readers refuse other versions with a one-line error):
+
+- sequences: one row per (run_key, prompt_id): the prompt, the logged continuation, the config.
+- positions: one row per (run_key, prompt_id, position, width). Position p means: the root of the
+  cycle is output token y_p (already emitted), the context is prompt + y_0..y_{p-1}. Holds
+    acceptance  [max_depth * len(verify_grid)] uint8: L[D-1, i] = tokens accepted by the static
+                tree (D, W, verify_grid[i]) rooted at p, matched against the logged continuation
+    beam_scores [max_depth * W] float32: per depth d, the W beam cumulative log-probs after forward d
+                (d = 1: the root's top-W children)
+    candidate_scores [max_depth * W * W] float32: per depth, the W*W candidate scores of that
+                expansion (d = 1: the W children, rest NaN)
+    entropy     [max_depth * W] float32: per depth, the entropy (nats) of each expanded beam's child
+                distribution (d = 1: the root's, slot 0, rest NaN)
+    accept_dist [max_depth * (max_depth + 1)] float32, T > 0 only: P(L = l) for the tree (D, W, V_dist)
+- latency: one row per measured op (draft_step, verify, policy, overhead) and parameters.
+- cycles: one row per online verify cycle (written by `online/`), comparable row for row with replay.
+
+Replay: from p the static (D, W, V) accepts L = acceptance[D-1, index(V)] and the next cycle's root
+is p + L + 1. An episode ends once p >= new_tokens - 1 (the last token is emitted).
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import DataError
+
+SCHEMA_VERSION = 1
+VERSION_KEY = b"draftgym.schema_version"
+TABLE_KEY = b"draftgym.table"
+
+# V grid of the acceptance table: 1, 2, 4, 8, then 10..240 in steps of 10 (design.md / issue C)
+DEFAULT_VERIFY_GRID: tuple[int, ...] = (1, 2, 4, 8) + tuple(range(10, 241, 10))
+DEFAULT_MAX_DEPTH = 12
+PARTITIONS = ("model", "dataset", "temperature")
+
+SEQUENCES = pa.schema([
+    ("schema_version", pa.int16()),
+    ("run_key", pa.string()),          # hash of the collection config: same command -> same key
+    ("prompt_id", pa.string()),
+    ("split", pa.string()),
+    ("model_id", pa.string()),
+    ("head_id", pa.string()),
+    ("seed", pa.int64()),
+    ("prompt_tokens", pa.list_(pa.int32())),
+    ("output_tokens", pa.list_(pa.int32())),   # logged continuation y_0.. (incl. lookahead past new_tokens)
+    ("new_tokens", pa.int32()),                # episode length T: max_new_tokens, or up to EOS
+    ("stop_reason", pa.string()),
+    ("widths", pa.list_(pa.int16())),
+    ("max_depth", pa.int16()),
+    ("verify_grid", pa.list_(pa.int16())),
+    ("config_json", pa.string()),
+    ("env_json", pa.string()),
+    ("collect_s", pa.float64()),               # wall time spent on this prompt
+])
+
+
+def positions_schema(max_depth: int, width: int, n_grid: int, with_dist: bool) -> pa.Schema:
+    fields = [
+        ("schema_version", pa.int16()),
+        ("run_key", pa.string()),
+        ("prompt_id", pa.string()),
+        ("position", pa.int32()),
+        ("context_len", pa.int32()),
+        ("width", pa.int16()),
+        ("root_token", pa.int32()),
+        ("acceptance", pa.list_(pa.uint8(), max_depth * n_grid)),
+        ("beam_scores", pa.list_(pa.float32(), max_depth * width)),
+        ("candidate_scores", pa.list_(pa.float32(), max_depth * width * width)),
+        ("entropy", pa.list_(pa.float32(), max_depth * width)),
+    ]
+    if with_dist:
+        fields.append(("accept_dist", pa.list_(pa.float32(), max_depth * (max_depth + 1))))
+    return pa.schema(fields)
+
+
+LATENCY = pa.schema([
+    ("schema_version", pa.int16()),
+    ("profile_id", pa.string()),
+    ("device", pa.string()),
+    ("device_type", pa.string()),
+    ("model_id", pa.string()),
+    ("head_id", pa.string()),
+    ("dtype", pa.string()),
+    ("op", pa.string()),             # draft_step | verify | policy | overhead
+    ("width", pa.int16()),           # W (draft_step); 0 where it does not apply
+    ("verify_size", pa.int16()),     # V (verify); 0 where it does not apply
+    ("context_len", pa.int32()),
+    ("batch", pa.int16()),
+    ("n", pa.int32()),
+    ("median", pa.float64()),        # seconds
+    ("p10", pa.float64()),
+    ("p90", pa.float64()),
+    ("mean", pa.float64()),
+    ("env_json", pa.string()),
+])
+
+CYCLES = pa.schema([
+    ("schema_version", pa.int16()),
+    ("run_id", pa.string()),
+    ("method", pa.string()),         # ar | static | grid-best | <policy name>
+    ("prompt_id", pa.string()),
+    ("run", pa.int16()),             # repeat index (Spec-Bench style runs)
+    ("cycle", pa.int32()),
+    ("position", pa.int32()),        # p at the cycle start (root = y_p)
+    ("context_len", pa.int32()),
+    ("depth", pa.int16()),
+    ("width", pa.int16()),
+    ("verify_size", pa.int16()),
+    ("accepted", pa.int16()),
+    ("emitted", pa.int16()),
+    ("t_draft", pa.float64()),
+    ("t_verify", pa.float64()),
+    ("t_controller", pa.float64()),
+    ("t_cycle", pa.float64()),
+    ("device", pa.string()),
+])
+
+
+def partition_dir(root: str | Path, table: str, model: str, dataset: str, temperature: float) -> Path:
+    """<root>/<table>/model=<model>/dataset=<dataset>/temperature=<T>, names made path-safe."""
+    safe = lambda s: str(s).replace("/", "--").replace("=", "-")
+    return Path(root) / table / f"model={safe(model)}" / f"dataset={safe(dataset)}" / f"temperature={float(temperature):g}"
+
+
+def write_atomic(table: pa.Table, path: str | Path, table_name: str) -> Path:
+    """Write a Parquet file via a temp file + rename, so readers never see a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = dict(table.schema.metadata or {})
+    meta[VERSION_KEY] = str(SCHEMA_VERSION).encode()
+    meta[TABLE_KEY] = table_name.encode()
+    table = table.replace_schema_metadata(meta)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def check_file(path: str | Path, table_name: str | None = None) -> pq.ParquetFile:
+    """Open a Parquet shard, raising DataError (one line, naming the file) if it is truncated,
+    corrupt, not ours, or of another schema version."""
+    path = Path(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise DataError(f"no such file: {path}") from None
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"corrupt or partial Parquet file {path}: {str(e).splitlines()[0]}") from None
+    meta = pf.schema_arrow.metadata or {}
+    version = meta.get(VERSION_KEY)
+    if version is None:
+        raise DataError(f"{path} is not a DraftGym log (no {VERSION_KEY.decode()} metadata)")
+    if int(version) != SCHEMA_VERSION:
+        raise DataError(f"{path} has schema version {int(version)}, this DraftGym reads version {SCHEMA_VERSION}")
+    if table_name is not None and meta.get(TABLE_KEY, b"").decode() != table_name:
+        raise DataError(f"{path} holds table {meta.get(TABLE_KEY, b'?').decode()!r}, expected {table_name!r}")
+    return pf
+
+
+def read_table(path: str | Path, table_name: str | None = None, columns: list[str] | None = None) -> pa.Table:
+    pf = check_file(path, table_name)
+    try:
+        return pf.read(columns=columns)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"corrupt or partial Parquet file {path}: {str(e).splitlines()[0]}") from None
+
+
+def table_files(root: str | Path, table: str) -> list[Path]:
+    """All shards of one table under a logs root (temp files excluded)."""
+    base = Path(root) / table
+    return sorted(p for p in base.rglob("*.parquet") if not p.name.startswith(".")) if base.is_dir() else []
+
+
+def write_json_atomic(obj: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
