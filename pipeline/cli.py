@@ -11,8 +11,9 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     from pipeline.collect_job import add_collect
+    from pipeline.profile import add_profile
 
-    for add in (add_generate, add_datasets, add_train_draft, add_collect):
+    for add in (add_generate, add_datasets, add_train_draft, add_collect, add_profile):
         add(sub)
 
 

@@ -70,7 +70,7 @@ def remove_orphans(out: Path, cfg: CollectConfig, dataset: str) -> int:
 class CollectorActor:
     """Holds one model copy; processes prompt batches; writes shards; returns one summary row each."""
 
-    def __init__(self, cfg_json: str, out: str, env_json: str, device: str | None = None):
+    def __init__(self, cfg_json: str, out: str, env_json: str, device: str | None = None, fail_after: int = 0):
         import torch
 
         from pipeline.engine import Engine
@@ -83,7 +83,7 @@ class CollectorActor:
         self.target = load_target(self.cfg.model, device=device)
         self.head = load_head_for(self.cfg.head, self.target.model, self.cfg.seed)
         self.engine = Engine(self.target.model, self.head, self.target.eos_token_ids)
-        self.fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
+        self.fail_after = fail_after or int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
         self.done = 0
         torch.manual_seed(self.cfg.seed)
 
@@ -150,7 +150,7 @@ def init_ray(num_cpus: int | None = None):
 
 
 def run_collect(cfg: CollectConfig, out: str | Path, num_actors: int = 1, num_gpus: float = 0.0,
-                use_ray: bool = True, progress: bool = True, device: str | None = None) -> dict:
+                use_ray: bool = True, progress: bool = True, device: str | None = None, fail_after: int = 0) -> dict:
     """Collect logs for every prompt of cfg.dataset not yet collected under this run_key."""
     from tqdm import tqdm
 
@@ -197,11 +197,12 @@ def run_collect(cfg: CollectConfig, out: str | Path, num_actors: int = 1, num_gp
             cpus = max(1.0, (os.cpu_count() or 1) / max(1, num_actors)) if not num_gpus else 1.0
             ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
                 CollectorActor, batch_size=1, concurrency=num_actors, num_cpus=cpus, num_gpus=num_gpus,
-                fn_constructor_kwargs=dict(cfg_json=cfg.to_json(), out=str(out), env_json=env_json, device=device))
+                fn_constructor_kwargs=dict(cfg_json=cfg.to_json(), out=str(out), env_json=env_json, device=device,
+                                           fail_after=fail_after))
             for row in ds.iter_rows():
                 account(row)
         else:
-            actor = CollectorActor(cfg.to_json(), str(out), env_json, device=device)
+            actor = CollectorActor(cfg.to_json(), str(out), env_json, device=device, fail_after=fail_after)
             for it in items:
                 res = actor({k: [v] for k, v in it.items()})
                 account({k: v[0] for k, v in res.items()})

@@ -30,3 +30,19 @@ def smollm2():
     from pipeline.target import load_target
 
     return load_target("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama with SmolLM2's tokenizer, saved as a HF model directory (vocab 49152, hidden 16),
+    so the model-loading code paths (load_target by path, chat template) run in seconds."""
+    from transformers import AutoTokenizer
+
+    from pipeline.target import _materialise_smollm2
+
+    d = tmp_path_factory.mktemp("tiny-llama")
+    model = make_tiny_llama(vocab=49152, hidden=16, layers=4, heads=2, kv_heads=1, max_positions=2048)
+    model.config.eos_token_id = 2
+    model.save_pretrained(d)
+    AutoTokenizer.from_pretrained(_materialise_smollm2()).save_pretrained(d)
+    return d

@@ -1,0 +1,128 @@
+"""`draftgym profile`: latency profile of this device for one target + head -> `latency` Parquet rows.
+
+Ops (design.md):
+  draft_step  one head forward over W beams, per (W, context_len)
+  verify      one target forward over V tree tokens (hidden states included), per (V, context_len);
+              V = 1 is also the autoregressive step
+  policy      one forward of a small MLP policy at batch 1 (LTD-sized); learned policies add their own
+  overhead    per-cycle engine cost outside draft/verify/controller, from real static-default cycles
+Method: warm-up, device sync around every clock read, repeats, median / p10 / p90.
+Profile alone: never while collection actors share the device.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import torch
+from tqdm import tqdm
+
+from pipeline.errors import DraftGymError
+from pipeline.latency import draft_op, time_op, verify_op
+from pipeline.schema import LATENCY, SCHEMA_VERSION, partition_dir, write_atomic
+
+DEFAULT_VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 60, 100, 160, 240)
+DEFAULT_CONTEXTS = (64, 256, 768)
+
+
+def policy_op(obs_dim: int = 102, hidden: int = 64, device="cpu"):
+    """A stand-in policy of LTD's size (obs -> 64 -> 64 -> 2, tanh) at batch 1."""
+    net = torch.nn.Sequential(torch.nn.Linear(obs_dim, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),
+                              torch.nn.Tanh(), torch.nn.Linear(hidden, 2)).to(device)
+    x = torch.randn(1, obs_dim, device=device)
+
+    def run():
+        with torch.inference_mode():
+            net(x).argmax(-1).item()
+    return run
+
+
+def measure_overhead(engine, tokenizer, n_tokens: int = 48) -> list[float]:
+    """Per-cycle time not spent in draft, verify or controller, from a real static-default decode."""
+    from pipeline.target import encode_prompt
+
+    ids = encode_prompt(tokenizer, "Explain how a hash map works, step by step.")
+    engine.generate(ids, 8)
+    res = engine.generate(ids, n_tokens)
+    return [max(0.0, c.t_cycle - c.t_draft - c.t_verify - c.t_controller) for c in res.cycles]
+
+
+def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
+                contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, device: str | None = None,
+                dtype: str | None = None, progress: bool = True) -> dict:
+    from pipeline.engine import Engine
+    from pipeline.fingerprint import device_name, environment_fingerprint
+    from pipeline.generate import load_head_for
+    from pipeline.target import load_target
+
+    target = load_target(model, device=device, dtype=dtype)
+    head = load_head_for(head_spec, target.model)
+    dev = target.device
+    env = environment_fingerprint(dev)
+    max_ctx = target.model.config.max_position_embeddings - max(verify_sizes) - 1
+    contexts = [c for c in contexts if c <= max_ctx]
+    if not contexts:
+        raise DraftGymError(f"no profiling context length fits the target's {max_ctx} positions")
+    profile_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    rows = []
+
+    def add(op, stats, width=0, verify_size=0, context_len=0):
+        rows.append({"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device_name(dev),
+                     "device_type": dev.type, "model_id": model, "head_id": head.head_id,
+                     "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."), "op": op,
+                     "width": width, "verify_size": verify_size, "context_len": context_len, "batch": 1,
+                     "n": stats["n"], "median": stats["median"], "p10": stats["p10"], "p90": stats["p90"],
+                     "mean": stats["mean"], "env_json": json.dumps(env)})
+
+    jobs = [("draft_step", W, 0, c) for W in widths for c in contexts] + \
+           [("verify", 0, V, c) for V in verify_sizes for c in contexts]
+    for op, W, V, c in tqdm(jobs, desc="profile", unit="op", disable=not progress):
+        fn = draft_op(head, W, c) if op == "draft_step" else verify_op(target.model, V, c)
+        add(op, time_op(fn, dev, warmup=warmup, repeats=repeats), width=W, verify_size=V, context_len=c)
+    add("policy", time_op(policy_op(device=dev), dev, warmup=5, repeats=50))
+    over = measure_overhead(Engine(target.model, head, target.eos_token_ids), target.tokenizer)
+    s = np.sort(np.array(over))
+    add("overhead", {"n": len(s), "median": float(np.median(s)), "p10": float(np.quantile(s, 0.1)),
+                     "p90": float(np.quantile(s, 0.9)), "mean": float(s.mean())}, width=10, verify_size=60)
+    path = partition_dir(out, "latency", model, "_profile", 0.0).parent.parent / f"{profile_id}.parquet"
+    write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
+    return {"profile_id": profile_id, "device": device_name(dev), "rows": len(rows), "path": str(path)}
+
+
+def add_profile(sub) -> None:
+    p = sub.add_parser("profile", help="measure draft/verify/policy/overhead latency on this device")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--head", default="default")
+    p.add_argument("--widths", default="10")
+    p.add_argument("--verify-sizes", default=",".join(map(str, DEFAULT_VERIFY_SIZES)))
+    p.add_argument("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)))
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--out", default="data/logs")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_profile_cli)
+
+
+def _ints(s: str, name: str) -> tuple[int, ...]:
+    try:
+        v = tuple(int(x) for x in s.split(","))
+    except ValueError:
+        raise DraftGymError(f"{name} must be comma-separated integers, got {s!r}") from None
+    if any(x < 1 for x in v):
+        raise DraftGymError(f"{name} values must be >= 1")
+    return v
+
+
+def _run_profile_cli(args) -> int:
+    if args.head not in ("random", "default"):
+        from pipeline.head import resolve_head_dir
+        resolve_head_dir(args.head)
+    r = run_profile(args.model, args.head, args.out, widths=_ints(args.widths, "--widths"),
+                    verify_sizes=_ints(args.verify_sizes, "--verify-sizes"), contexts=_ints(args.contexts, "--contexts"),
+                    repeats=args.repeats, device=args.device, dtype=args.dtype)
+    print(json.dumps(r) if args.json else f"profiled {r['rows']} ops on {r['device']} -> {r['path']}")
+    return 0
