@@ -12,8 +12,9 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     from pipeline.collect_job import add_collect
     from pipeline.profile import add_profile
+    from pipeline.query import add_query
 
-    for add in (add_generate, add_datasets, add_train_draft, add_collect, add_profile):
+    for add in (add_generate, add_datasets, add_train_draft, add_collect, add_profile, add_query):
         add(sub)
 
 

@@ -29,8 +29,8 @@ from pipeline.draft import expand_tree
 from pipeline.engine import Engine
 from pipeline.head import Eagle3Head
 from pipeline.schema import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID, SCHEMA_VERSION
-from pipeline.tree import rank_nodes
-from pipeline.verify import target_forward
+from pipeline.tree import rank_nodes, tree_from_nodes
+from pipeline.verify import crop_cache, target_forward
 
 
 @dataclass
@@ -135,6 +135,50 @@ def acceptance_table(pool, cont: torch.Tensor, max_depth: int, grid: torch.Tenso
 
 
 @torch.inference_mode()
+def acceptance_dist(model, cache, pool, b: int, root_token: int, n: int, max_depth: int, verify_size: int,
+                    temperature: float) -> np.ndarray:
+    """P(L = l) for the trees (D, W, verify_size), D = 1..max_depth, of one root: [max_depth, max_depth + 1].
+
+    One target forward over the union of those trees (on the teacher-forced cache, prefix < n).
+    Under EAGLE's sampling rule the emitted token is distributed as p_target and the path goes on
+    exactly when it is a drafted child, so reaching node i has probability prod_{k on path} p(tok_k | parent)
+    and P(L >= j) = sum over selected depth-j nodes of that product.
+    """
+    W = pool.width
+    order = rank_nodes(pool.scores[b : b + 1])[0]
+    sel = []                                                            # pool indices selected per D
+    for D in range(1, max_depth + 1):
+        n_D = W + (D - 1) * W * W
+        sel.append(order[order < n_D][: max(0, verify_size - 1)])
+    union = torch.unique(torch.cat(sel))
+    tree = tree_from_nodes(pool, b, root_token, union)
+    N = cache.get_seq_length()
+    allowed = torch.cat([torch.arange(N, device=tree.mask.device)[None, :].expand(tree.size, N) < n, tree.mask], 1)
+    dtype = next(model.parameters()).dtype
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    logits, _ = target_forward(model, tree.tokens[None], (n + tree.depths)[None], cache, mask[None, None],
+                               hidden_states=False)
+    crop_cache(cache, N)
+    probs = torch.softmax(logits / temperature, dim=-1)                 # [V_u, vocab]
+    par = tree.parents.tolist()
+    q = probs[tree.parents.clamp(min=0), tree.tokens]                   # [V_u] p(tok_i | parent)
+    reach = torch.ones(tree.size, dtype=torch.float64)
+    for i in range(1, tree.size):                                       # parents precede children
+        reach[i] = reach[par[i]] * float(q[i])
+    pos_of = {int(x): i for i, x in enumerate(tree.pool_index.tolist())}
+    depth_t = tree.depths.tolist()
+    out = np.zeros((max_depth, max_depth + 1), np.float32)
+    for D in range(1, max_depth + 1):
+        ge = np.zeros(max_depth + 2)                                    # ge[j] = P(L >= j)
+        ge[0] = 1.0
+        for x in sel[D - 1].tolist():
+            i = pos_of[x]
+            ge[depth_t[i]] += float(reach[i])
+        out[D - 1] = np.clip(ge[: max_depth + 1] - ge[1 : max_depth + 2], 0.0, 1.0)
+    return out
+
+
+@torch.inference_mode()
 def collect_prompt(engine: Engine, head: Eagle3Head, prompt_ids: list[int], cfg: CollectConfig) -> PromptLog:
     dev = engine.device
     y, T, stop = generate_continuation(engine, prompt_ids, cfg, lookahead=cfg.max_depth)
@@ -143,8 +187,9 @@ def collect_prompt(engine: Engine, head: Eagle3Head, prompt_ids: list[int], cfg:
     # 2. teacher-forced target forward; 3. the head over every entry (f_t, x_{t+1}), t = 0..N-2
     from transformers import DynamicCache
 
-    _, hs = target_forward(engine.model, torch.tensor([full], device=dev), torch.arange(N, device=dev)[None],
-                           DynamicCache(config=engine.model.config))
+    cache = DynamicCache(config=engine.model.config)
+    _, hs = target_forward(engine.model, torch.tensor([full], device=dev), torch.arange(N, device=dev)[None], cache)
+    with_dist = cfg.temperature > 0 and cfg.dist_every > 0
     feats = head.fuse(tuple(h[:, : N - 1] for h in hs))                  # [1, N-1, H]
     g, dlogits, kv = head(torch.tensor([full[1:]], device=dev), feats, torch.arange(N - 1, device=dev))
     positions = np.arange(max(T - 1, 0))                                 # roots y_0 .. y_{T-2}
@@ -154,7 +199,7 @@ def collect_prompt(engine: Engine, head: Eagle3Head, prompt_ids: list[int], cfg:
     per_width = {}
     for W in cfg.widths:
         cols: dict[str, list] = {k: [] for k in ("position", "context_len", "width", "root_token", "acceptance",
-                                                 "beam_scores", "candidate_scores", "entropy")}
+                                                 "beam_scores", "candidate_scores", "entropy", "accept_dist")}
         for start in range(0, len(positions), cfg.position_batch):
             p = torch.from_numpy(positions[start : start + cfg.position_batch])   # [B]
             B = len(p)
@@ -174,6 +219,11 @@ def collect_prompt(engine: Engine, head: Eagle3Head, prompt_ids: list[int], cfg:
                 beam[:, d, : st["beam_scores"].shape[1]] = st["beam_scores"].float().cpu().numpy()
                 cand[:, d, : st["candidate_scores"].shape[1]] = st["candidate_scores"].float().cpu().numpy()
                 ent[:, d, : st["entropy"].shape[1]] = st["entropy"].float().cpu().numpy()
+            if with_dist:  # [B] entries: [Dmax, Dmax+1] arrays, or None for positions subsampled out
+                cols["accept_dist"].append([
+                    acceptance_dist(engine.model, cache, pool, i, y[int(pi)], int(n[i]), cfg.max_depth,
+                                    cfg.dist_verify_size, cfg.temperature).reshape(-1)
+                    if int(pi) % cfg.dist_every == 0 else None for i, pi in enumerate(p)])
             cols["position"].append(p.numpy())
             cols["context_len"].append(n.numpy())
             cols["width"].append(np.full(B, W))
@@ -182,7 +232,10 @@ def collect_prompt(engine: Engine, head: Eagle3Head, prompt_ids: list[int], cfg:
             cols["beam_scores"].append(beam.reshape(B, -1))
             cols["candidate_scores"].append(cand.reshape(B, -1))
             cols["entropy"].append(ent.reshape(B, -1))
+        dist = [d for chunk in cols.pop("accept_dist") for d in chunk]
         per_width[W] = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()}
+        if with_dist:
+            per_width[W]["accept_dist"] = dist                          # list of arrays / None
     return PromptLog(output_tokens=y, new_tokens=T, stop_reason=stop, positions=per_width)
 
 

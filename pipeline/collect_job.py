@@ -116,7 +116,8 @@ class CollectorActor:
         n_grid = len(cfg.verify_grid)
         for W, cols in log.positions.items():
             n = len(cols["position"])
-            schema = positions_schema(cfg.max_depth, W, n_grid, with_dist=False)
+            with_dist = "accept_dist" in cols
+            schema = positions_schema(cfg.max_depth, W, n_grid, with_dist=with_dist)
             arrays = [pa.array(np.full(n, SCHEMA_VERSION, np.int16)), pa.array([key] * n), pa.array([pid] * n),
                       pa.array(cols["position"].astype(np.int32)), pa.array(cols["context_len"].astype(np.int32)),
                       pa.array(cols["width"].astype(np.int16)), pa.array(cols["root_token"].astype(np.int32))]
@@ -124,6 +125,9 @@ class CollectorActor:
                 typ = schema.field(name).type
                 flat = cols[name].reshape(-1).astype(typ.value_type.to_pandas_dtype())
                 arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), typ.list_size))
+            if with_dist:  # null where the position was subsampled out (--dist-every)
+                arrays.append(pa.array([None if d is None else d.tolist() for d in cols["accept_dist"]],
+                                       type=schema.field("accept_dist").type))
             write_atomic(pa.Table.from_arrays(arrays, schema=schema), pos_paths[W], "positions")
         row = {"schema_version": SCHEMA_VERSION, "run_key": key, "prompt_id": pid, "split": split,
                "model_id": cfg.model, "head_id": self.head.head_id, "seed": cfg.seed, "prompt_tokens": ids,
@@ -227,6 +231,9 @@ def add_collect(sub) -> None:
     p.add_argument("--widths", default="10", help="comma-separated W values")
     p.add_argument("--max-depth", type=int, default=12)
     p.add_argument("--position-batch", type=int, default=16)
+    p.add_argument("--dist-every", type=int, default=1,
+                   help="T > 0: log acceptance-length distributions at every k-th position (0 = never; each costs a verify forward)")
+    p.add_argument("--dist-verify-size", type=int, default=60)
     p.add_argument("--num-actors", type=int, default=1)
     p.add_argument("--num-gpus", type=float, default=None, help="GPUs per actor (default: 1 if CUDA is present)")
     p.add_argument("--no-ray", action="store_true", help="run in-process (debugging)")
@@ -250,7 +257,8 @@ def _run_collect_cli(args) -> int:
     cfg = CollectConfig(model=args.model, head=args.head, dataset=args.dataset,
                         split=None if args.split == "all" else args.split, n_prompts=args.n_prompts,
                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                        widths=widths, max_depth=args.max_depth, position_batch=args.position_batch)
+                        widths=widths, max_depth=args.max_depth, position_batch=args.position_batch,
+                        dist_every=args.dist_every, dist_verify_size=args.dist_verify_size)
     if args.head not in ("random", "default"):
         from pipeline.head import resolve_head_dir
         resolve_head_dir(args.head)

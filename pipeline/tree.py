@@ -99,7 +99,13 @@ def select_tree(pool: DraftPool, b: int, root_token: int, verify_size: int) -> V
     """Root + the top (V-1) nodes of pool row b, in pool order. V is clamped to 1 + pool size."""
     n_pool = pool.tokens.shape[1]
     k = max(0, min(verify_size - 1, n_pool))
-    chosen = rank_nodes(pool.scores[b : b + 1])[0, :k].sort().values            # [k] pool indices
+    chosen = rank_nodes(pool.scores[b : b + 1])[0, :k]                          # [k] pool indices
+    return tree_from_nodes(pool, b, root_token, chosen)
+
+
+def tree_from_nodes(pool: DraftPool, b: int, root_token: int, chosen: torch.Tensor) -> VerifyTree:
+    """Root + the given pool nodes of row b (a connected set: every node's parent is in it)."""
+    chosen = chosen.sort().values                                               # pool order: parents first
     par_pool = pool.parents[b, chosen]                                          # [k]
     # parent's tree index: its position among `chosen` (+1 for the root); -1 (root) -> 0
     par_tree = torch.searchsorted(chosen, par_pool.clamp(min=0)) + 1

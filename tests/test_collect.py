@@ -141,3 +141,58 @@ def test_bad_shards_give_clear_errors(tmp_path):
         read_table(good, "positions")
     with pytest.raises(DataError, match="no such file"):
         read_table(tmp_path / "missing.parquet")
+
+
+def test_acceptance_distributions_match_the_sampling_rule():
+    """At T > 0 the logged P(L = l | D) equals the law of L under the engine's acceptance rule,
+    estimated by running `accept_sampling` many times on the very same tree and target logits."""
+    from transformers import DynamicCache
+
+    from pipeline.draft import expand_tree
+    from pipeline.tree import select_tree
+    from pipeline.verify import accept_sampling, target_forward, verify_tree
+
+    model = make_tiny_llama(vocab=6, hidden=16, seed=3)
+    head = random_head(model, seed=1)
+    eng = Engine(model, head)
+    cfg = CollectConfig(max_new_tokens=10, temperature=1.0, seed=5, widths=(3,), max_depth=4, verify_grid=GRID,
+                        dist_verify_size=8)
+    prompt = [1, 2, 3, 4]
+    log = collect_prompt(eng, head, prompt, cfg)
+    dists = log.positions[3]["accept_dist"]
+    assert len(dists) == log.new_tokens - 1 and all(d is not None for d in dists)
+    p = 2
+    dist = dists[p].reshape(4, 5)
+    assert np.allclose(dist.sum(1), 1.0, atol=1e-5)
+    # rebuild the tree rooted at y_p exactly as the engine would, and sample its acceptance
+    y = log.output_tokens
+    full = prompt + y
+    n = len(prompt) + p
+    cache = DynamicCache(config=model.config)
+    _, hs = target_forward(model, torch.tensor([full[:n]]), torch.arange(n)[None], cache)
+    g, logits, kv = head(torch.tensor([full[1 : n + 1]]), head.fuse(hs), torch.arange(n))
+    pool = expand_tree(head, kv, torch.ones(1, n, dtype=torch.bool), g[:, -1], logits[:, -1], torch.tensor([n - 1]), 3, 4)
+    for D in (1, 2, 4):
+        tree = select_tree(pool.truncate_depth(D), 0, y[p], 8)
+        vlogits, _ = verify_tree(model, tree, n, cache)
+        from pipeline.verify import crop_cache
+        crop_cache(cache, n)
+        gen = torch.Generator().manual_seed(0)
+        counts = np.zeros(5)
+        for _ in range(3000):
+            path, _ = accept_sampling(tree, vlogits.clone(), 1.0, gen)
+            counts[len(path)] += 1
+        tv = 0.5 * np.abs(counts / counts.sum() - dist[D - 1]).sum()
+        assert tv < 0.04, (D, counts / counts.sum(), dist[D - 1])
+
+
+def test_collect_at_temperature_writes_distributions(tmp_path, tiny_model_dir):
+    cfg = CollectConfig(model=str(tiny_model_dir), head="random", dataset="mt-bench", split=None, n_prompts=1,
+                        max_new_tokens=8, temperature=0.7, max_depth=3, widths=(2,), verify_grid=GRID, dist_every=2)
+    run_collect(cfg, tmp_path, use_ray=False, progress=False)
+    (f,) = table_files(tmp_path, "positions")
+    assert "temperature=0.7" in str(f)
+    t = read_table(f, "positions")
+    d = t["accept_dist"].to_pylist()
+    assert [x is None for x in d] == [pos % 2 == 1 for pos in t["position"].to_pylist()]
+    assert all(abs(sum(x[i * 4 : i * 4 + 4]) - 1) < 1e-4 for x in d if x is not None for i in range(3))
