@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftgym", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     pipeline_cli.register(sub)
+    from simulator import cli as simulator_cli; simulator_cli.register(sub)  # noqa: E702
     return parser
 
 

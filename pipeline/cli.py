@@ -72,6 +72,8 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gen-batch-size", type=int, default=None, help="prompts per generate call (default 32)")
     p.add_argument("--regen-budget-min", type=float, default=None,
                    help="stop regenerating answers after this long and train on those done (resumable)")
+    p.add_argument("--reference-prompts", type=int, default=None,
+                   help="extra train prompts trained with the dataset's reference answer as text (default 0)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs passes)")
     p.add_argument("--epochs", type=float, default=None, help="passes over the data (default 1; unlimited with a budget)")
     p.add_argument("--time-budget-min", type=float, default=None, help="stop and save after this much training time")

@@ -117,7 +117,7 @@ def _table_sql(root: Path, table: str, files: list[Path]) -> str:
         cols += [f"NULL::{PARTITION_TYPES[k]} AS {k}" for k in PARTITIONS]
         return f"SELECT {', '.join(cols)} WHERE false"
     keys = _hive_keys(root, table, files)
-    file_list = "[" + ", ".join(_sql_str(f.as_posix()) for f in files) + "]"
+    file_list = "[" + ", ".join(_sql_str(f.resolve().as_posix()) for f in files) + "]"
     if keys:
         types = ", ".join(f"{_sql_str(k)}: {_sql_str(PARTITION_TYPES.get(k, 'VARCHAR'))}" for k in keys)
         src = f"read_parquet({file_list}, hive_partitioning = true, union_by_name = true, hive_types = {{{types}}})"
@@ -164,6 +164,10 @@ def connect(logs_dir: str | Path | None = None, validate: bool = True, database:
                         "with .parquet shards)")
     con = duckdb.connect(database)
     try:
+        try:
+            con.execute("SET enable_progress_bar = false")     # it would print into csv/json output
+        except duckdb.Error:                                   # in Jupyter without ipywidgets
+            pass
         threads = os.environ.get("OMP_NUM_THREADS", "")
         if threads.isdigit() and int(threads) > 0:     # share the cores like torch does
             con.execute(f"SET threads = {int(threads)}")
@@ -256,27 +260,29 @@ ORDER BY device, model_id, op, width, verify_size, context_len, batch
     # iteration-weighted over all sequences. Needs positions 0..n-1 without gaps (others skipped).
     "tau_replay": """
 WITH RECURSIVE seqs AS MATERIALIZED (
-    SELECT a.run_key, a.prompt_id, a.model, a.dataset, a.temperature, a.width, a.depth, a.verify_size,
-           any_value(s.new_tokens) AS new_tokens,
-           list(a.accepted ORDER BY a.position) AS ls
-    FROM acceptance_long a JOIN sequences s ON a.run_key = s.run_key AND a.prompt_id = s.prompt_id
-    GROUP BY ALL
-    HAVING min(a.position) = 0 AND max(a.position) + 1 = count(*)
+    SELECT row_number() OVER () AS k, *
+    FROM (SELECT a.run_key, a.prompt_id, a.model, a.dataset, a.temperature, a.width, a.depth, a.verify_size,
+                 any_value(s.new_tokens) AS new_tokens,
+                 list(a.accepted ORDER BY a.position) AS ls
+          FROM acceptance_long a JOIN sequences s ON a.run_key = s.run_key AND a.prompt_id = s.prompt_id
+          GROUP BY ALL
+          HAVING min(a.position) = 0 AND max(a.position) + 1 = count(*)
+             AND count(*) >= any_value(s.new_tokens) - 1)
 ),
-walk(run_key, prompt_id, width, depth, verify_size, p) AS (
-    SELECT run_key, prompt_id, width, depth, verify_size, 0 FROM seqs WHERE new_tokens > 1
+walk(k, new_tokens, ls, p, cycles, emitted) AS (
+    SELECT k, new_tokens, ls, 0, 0, 0 FROM seqs
     UNION ALL
-    SELECT w.run_key, w.prompt_id, w.width, w.depth, w.verify_size, w.p + s.ls[w.p + 1] + 1
-    FROM walk w JOIN seqs s USING (run_key, prompt_id, width, depth, verify_size)
-    WHERE w.p < s.new_tokens - 1 AND w.p + 1 <= len(s.ls)
+    SELECT k, new_tokens, ls, p + ls[p + 1] + 1, cycles + 1, emitted + least(ls[p + 1] + 1, new_tokens - 1 - p)
+    FROM walk
+    WHERE p < new_tokens - 1
 )
 SELECT s.model, s.dataset, s.temperature, s.width, s.depth, s.verify_size,
-       count(DISTINCT (s.run_key, s.prompt_id))                        AS n_sequences,
-       count(*)                                                        AS cycles,
-       sum(least(s.ls[w.p + 1] + 1, s.new_tokens - 1 - w.p))::BIGINT   AS emitted,
-       sum(least(s.ls[w.p + 1] + 1, s.new_tokens - 1 - w.p)) / count(*) AS tau
-FROM walk w JOIN seqs s USING (run_key, prompt_id, width, depth, verify_size)
-WHERE w.p < s.new_tokens - 1 AND w.p + 1 <= len(s.ls)
+       count(*)                             AS n_sequences,
+       sum(w.cycles)::BIGINT                AS cycles,
+       sum(w.emitted)::BIGINT               AS emitted,
+       sum(w.emitted) / sum(w.cycles)       AS tau
+FROM walk w JOIN seqs s USING (k)
+WHERE w.p >= w.new_tokens - 1
 GROUP BY ALL
 ORDER BY s.model, s.dataset, s.temperature, s.width, s.depth, s.verify_size
 """,
@@ -348,14 +354,17 @@ def scan(logs_dir: str | Path | None, table: str, committed: bool = True, valida
     files = shards(root, table, validate)
     if not files:
         empty = pa.Table.from_batches([], schema=_empty_schema(table))
-        lf = pl.from_arrow(empty).lazy() if len(empty.schema) else pl.LazyFrame()
-        return lf.with_columns(pl.lit(None, pl.String).alias("model"), pl.lit(None, pl.String).alias("dataset"),
+        return pl.from_arrow(empty).lazy().with_columns(pl.lit(None, pl.String).alias("model"), pl.lit(None, pl.String).alias("dataset"),
                                pl.lit(None, pl.Float64).alias("temperature"))
     keys = _hive_keys(root, table, files)
     hive_schema = {k: (pl.Float64 if PARTITION_TYPES.get(k) == "DOUBLE" else pl.String) for k in keys}
     groups: dict[str, list[Path]] = {}
     for f in files:     # shards with one Arrow schema scan together
-        groups.setdefault(str(pq.read_schema(f).remove_metadata()), []).append(f)
+        try:
+            schema = pq.read_schema(f).remove_metadata()
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DataError(f"corrupt or partial Parquet file {f}: {_first_line(e)}") from None
+        groups.setdefault(str(schema), []).append(f)
     frames = [pl.scan_parquet([str(f) for f in g], hive_partitioning=bool(keys), hive_schema=hive_schema or None)
               for g in groups.values()]
     if len(frames) > 1:

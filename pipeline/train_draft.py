@@ -78,6 +78,9 @@ class TrainConfig:
     gen_batch_size: int = 32                 # prompts per batched generate call
     gen_dtype: str = "bfloat16"              # dtype of the generation copy of the target
     regen_budget_min: float | None = None    # stop regenerating after this long and train on what is done
+    reference_prompts: int = 0               # extra train prompts trained on with the dataset's own reference
+                                             # answer as text (labels are still the target's distributions)
+    reference_datasets: tuple = ("sharegpt",)  # where those come from (records that have a reference)
     max_len: int = 512                       # prompt + answer tokens kept per training sequence
     # -- head
     draft_vocab_size: int = 8192
@@ -904,6 +907,41 @@ def default_work_dir(model: str) -> Path:
     return cache_dir() / "train-draft" / _slug(model)
 
 
+def select_reference_sequences(cfg: TrainConfig, tokenizer, exclude: set[str], eos_id: int | None) -> list[TrainSequence]:
+    """`reference_prompts` train-split prompts (not in `exclude`) with their dataset reference answer
+    as the answer text: cheap extra data (no generation; only the teacher-forced target forward),
+    labelled, like everything else, with the target's own distributions (EAGLE's original recipe).
+    Answers are cut at max_new_tokens (an uncut answer ends with eos)."""
+    from pipeline.datasets import load_prompts
+    from pipeline.target import encode_prompt
+
+    names = [n for n in cfg.reference_datasets if n]
+    pools = []
+    for name in names:
+        recs = [r for r in load_prompts(name, split="train") if r.reference and r.prompt_id not in exclude]
+        order = np.random.default_rng([cfg.seed, 7, int(_hash(name)[:8], 16)]).permutation(len(recs))
+        pools.append([recs[i] for i in order])
+    want = allocate(cfg.reference_prompts, {n: len(p) for n, p in zip(names, pools)}, {})
+    out = []
+    for name, recs in zip(names, pools):
+        got = 0
+        for r in recs:
+            if got >= want[name]:
+                break
+            try:
+                p_ids = encode_prompt(tokenizer, list(r.messages), max_prompt_tokens=cfg.max_prompt_tokens)
+            except DraftGymError:
+                continue
+            a_ids = tokenizer(r.reference.strip(), add_special_tokens=False)["input_ids"]
+            if not a_ids:
+                continue
+            a_ids = a_ids[: cfg.max_new_tokens] if len(a_ids) >= cfg.max_new_tokens or eos_id is None \
+                else a_ids + [eos_id]
+            out.append(TrainSequence(p_ids + a_ids, len(p_ids), "ref:" + r.prompt_id))
+            got += 1
+    return out
+
+
 def run_train_draft(cfg: TrainConfig, progress_bar: bool = True) -> dict:
     """The whole command: load the target, regenerate answers, train, save."""
     from pipeline.target import load_target
@@ -920,12 +958,23 @@ def run_train_draft(cfg: TrainConfig, progress_bar: bool = True) -> dict:
     rows = regenerate(target, prompts, cfg, work / f"responses-{gkey}.jsonl", progress_bar)
     regen_s = time.time() - t0
     seqs = [TrainSequence(r["prompt_ids"] + r["response_ids"], len(r["prompt_ids"]), r["prompt_id"]) for r in rows]
-    info = {"datasets": counts, "n_prompts": len(prompts), "split": "train",
+    done_counts = dict(Counter(r["dataset"] for r in rows))
+    info = {"datasets": done_counts, "n_prompts": len(rows), "n_prompts_selected": counts, "split": "train",
             "self_distillation": {"greedy": True, "max_new_tokens": cfg.max_new_tokens, "gen_dtype": cfg.gen_dtype,
+                                  "answers": len(rows), "answer_tokens": sum(len(r["response_ids"]) for r in rows),
                                   "stopped_at_eos": sum(r["stop"] == "eos" for r in rows)},
             "regeneration_s": round(regen_s, 1)}
-    run_dir = work / f"run-{_hash(_ckpt_compat(cfg) | {'data': _hash([r['prompt_id'] for r in rows])})}"
-    _log(f"{len(seqs)} sequences from {counts}; run dir {run_dir}")
+    if cfg.reference_prompts > 0:
+        eos = sorted(target.eos_token_ids)
+        refs = select_reference_sequences(cfg, target.tokenizer, {p["prompt_id"] for p in prompts},
+                                          eos[0] if eos else None)
+        seqs += refs
+        info["reference_answers"] = {"datasets": dict(Counter(s.source.split(":", 1)[1].split("/")[0] for s in refs)),
+                                     "sequences": len(refs),
+                                     "answer_tokens": sum(len(s.ids) - s.prompt_len for s in refs)}
+    run_dir = work / f"run-{_hash(_ckpt_compat(cfg) | {'data': _hash([s.source for s in seqs])})}"
+    _log(f"{len(seqs)} sequences ({len(rows)} regenerated: {done_counts}; "
+         f"{len(seqs) - len(rows)} with reference answers); run dir {run_dir}")
     manifest = train_head(cfg, target.model, seqs, cfg.out, run_dir, info, progress_bar)
     manifest.pop("_head", None)
     return manifest

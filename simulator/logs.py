@@ -67,8 +67,13 @@ def _fixed_list(col: pa.ChunkedArray | pa.Array, shape: tuple[int, ...], dtype) 
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if len(arr) == 0:
         return np.zeros((0,) + shape, dtype)
-    flat = arr.flatten().to_numpy(zero_copy_only=False)
-    return np.asarray(flat, dtype=dtype).reshape((len(arr),) + shape)
+    flat = np.asarray(arr.flatten().to_numpy(zero_copy_only=False), dtype=dtype)
+    if arr.null_count == 0:
+        return flat.reshape((len(arr),) + shape)
+    # null rows (e.g. accept_dist subsampled out by --dist-every): NaN (float) / 0 (int)
+    out = np.full((len(arr),) + shape, np.nan if np.issubdtype(dtype, np.floating) else 0, dtype)
+    out[np.asarray(arr.is_valid())] = flat.reshape((-1,) + shape)
+    return out
 
 
 @dataclass
@@ -78,7 +83,7 @@ class WidthArrays:
     beam_scores: np.ndarray        # [N, Dmax, W]
     candidate_scores: np.ndarray   # [N, Dmax, W*W]
     entropy: np.ndarray            # [N, Dmax, W]
-    accept_dist: np.ndarray | None = None   # [N, Dmax, Dmax+1]
+    accept_dist: np.ndarray | None = None   # [N, Dmax, Dmax+1] (NaN rows where not logged)
 
     def take(self, rows: np.ndarray) -> "WidthArrays":
         return WidthArrays(self.width, self.acceptance[rows], self.beam_scores[rows], self.candidate_scores[rows],

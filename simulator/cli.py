@@ -1,0 +1,132 @@
+"""`draftgym` subcommands that live in simulator/: evaluate, train, synth-logs, latency-report.
+
+Registered by `online.cli.build_parser`; heavy imports happen inside the handlers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    for add in (add_evaluate, add_train, add_synth, add_latency_report):
+        add(sub)
+
+
+def _logs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--logs", required=True, help="logs root (sequences/, positions/, latency/)")
+    p.add_argument("--model", default=None, help="model partition (default: the only one)")
+    p.add_argument("--temperature", type=float, default=None, help="temperature partition (default: the only one)")
+    p.add_argument("--dataset", default=None, help="comma-separated datasets (default: all)")
+    p.add_argument("--profile", default=None, help="latency profile_id (default: the only one)")
+    p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
+
+
+def add_evaluate(sub) -> None:
+    p = sub.add_parser("evaluate", help="replay policies and baselines on logged decoding (tau, tokens/s, speedups)")
+    _logs_args(p)
+    p.add_argument("--split", default="test", help="train | val | test | all")
+    p.add_argument("--policy", action="append", default=[],
+                   help="checkpoint dir, or static:D,W,V | ddd[:thr] | entropy[:theta] | goodput | "
+                        "oracle[:static|depth] | random[:seed] (repeatable)")
+    p.add_argument("--tune-split", default="auto", help="split for grid-best selection (default: val, else train)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_run_evaluate)
+
+
+def _run_evaluate(args) -> int:
+    from simulator.evaluate import run_evaluate
+
+    return run_evaluate(args)
+
+
+def add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a policy in the replay simulator (radar | ltd | resps)")
+    _logs_args(p)
+    p.add_argument("--method", required=True, choices=["radar", "ltd", "resps"])
+    p.add_argument("--out", required=True, help="policy directory (checkpoint + manifest.json + curve PNG)")
+    p.add_argument("--steps", type=int, default=None, help="environment steps (per policy / iteration)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", default="train", help="training split (validation uses val when present)")
+    p.add_argument("--width", type=int, default=None, help="W (default 10 when logged)")
+    p.add_argument("--n-envs", type=int, default=None)
+    p.add_argument("--iters", default=None, help="ltd: co-adaptation iterations to run, e.g. 0,1,2,3 (default all)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_train)
+
+
+def _run_train(args) -> int:
+    from pipeline.errors import DraftGymError
+
+    try:
+        if args.method == "ltd":
+            from simulator.train_ltd import run_cli
+        elif args.method == "radar":
+            from simulator.train_radar import run_cli
+        else:
+            from simulator.train_resps import run_cli
+    except ImportError as e:
+        raise DraftGymError(f"training method {args.method!r} is not available in this checkout ({e})") from None
+    return run_cli(args)
+
+
+def add_synth(sub) -> None:
+    p = sub.add_parser("synth-logs", help="write synthetic logs with the real schemas (tests, demos)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--n-sequences", type=int, default=10, help="per dataset")
+    p.add_argument("--widths", default="10")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--latency-profile", default="cpu", choices=["cpu", "gpu", "none"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_run_synth)
+
+
+def _run_synth(args) -> int:
+    from pipeline.errors import DraftGymError
+    from simulator.synthetic import SyntheticConfig, write_synthetic_logs
+
+    try:
+        widths = tuple(int(w) for w in args.widths.split(","))
+    except ValueError:
+        raise DraftGymError(f"--widths must be comma-separated integers, got {args.widths!r}") from None
+    cfg = SyntheticConfig(n_sequences=args.n_sequences, widths=widths, temperature=args.temperature, seed=args.seed,
+                          latency_profile=None if args.latency_profile == "none" else args.latency_profile)
+    print(json.dumps(write_synthetic_logs(args.out, cfg)))
+    return 0
+
+
+def add_latency_report(sub) -> None:
+    p = sub.add_parser("latency-report", help="fit report (and plot) of the latency model of a logs root")
+    p.add_argument("--logs", required=True)
+    p.add_argument("--model", default=None)
+    p.add_argument("--profile", default=None)
+    p.add_argument("--plot", default=None, help="write a PNG of measured points and interpolated curves")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_latency_report)
+
+
+def _run_latency_report(args) -> int:
+    from simulator.latency import LatencyModel
+
+    lat = LatencyModel.from_logs(args.logs, model=args.model, profile=args.profile)
+    rep = lat.fit_report()
+    rep["radar_constants_ctx512"] = dict(zip(("T0", "Tf", "Teye"), lat.radar_constants(512)))
+    if args.plot:
+        lat.plot(args.plot)
+        rep["plot"] = args.plot
+    if args.json:
+        print(json.dumps(rep))
+    else:
+        print(f"latency profile {rep['profile']} ({rep['device']})")
+        for op, r in rep["ops"].items():
+            if "points" in r:
+                loo = "n/a" if r["loo_mean_rel_err"] is None else f"{100 * r['loo_mean_rel_err']:.2f}% mean, " \
+                                                                  f"{100 * r['loo_max_rel_err']:.2f}% max"
+                print(f"  {op:10s} {r['points']:4d} points, x {r['x_range']}, ctx {r['ctx_range']}, "
+                      f"leave-one-out error {loo}")
+            else:
+                print(f"  {op:10s} {1e3 * r['median_s']:.3f} ms per call")
+        c = rep["radar_constants_ctx512"]
+        print(f"  RADAR at ctx 512: T0 {1e3 * c['T0']:.2f} ms, Tf {1e3 * c['Tf']:.2f} ms, Teye {1e3 * c['Teye']:.3f} ms")
+    return 0

@@ -1,0 +1,485 @@
+"""Vectorised replay environments for RL training (numpy; thousands of episodes per step).
+
+Each env holds a (sequence, root position p). Acceptance is replayed exactly from the logs,
+time comes from the latency model (simulator/replay.py has the formulas, shared with evaluation):
+
+    L = acceptance_W[row(s, p), D-1, index(V)]       emitted = min(L + 1, T - 1 - p)
+    t = D t_draft(W, c) + t_verify(V_eff, c) + n_calls t_call + t_overhead(c)
+    next root p + L + 1; the sequence is done once p >= T - 1.
+
+Modes (design.md "Action spaces"); `ReplayEnv(logs, latency, mode, **config)` builds one:
+
+  depth   LTD depth policy. One step = one decision after draft forward d: 0 STOP, 1 CONTINUE.
+          CONTINUE after forward Dmax-1 ends the cycle at D = Dmax (the engine does not ask after
+          the last allowed forward, so a cycle of depth D costs min(D, Dmax-1) calls: always d).
+          Reward (LTD, sparse): 0 while drafting, (L+1)/t_cycle when the cycle ends. V = 60, or
+          `size_policy(obs) -> V` (co-adaptation Iter2).
+  size    LTD size policy. One step = one cycle: D comes from `depth_policy(obs) -> continue` (Iter1,
+          Iter3) or uniformly from 1..Dmax (Iter0); the action a in 0..11 sets V = 20 + 20 a.
+          Reward (L+1)/t_cycle.
+  shape   Re-SpS. The action picks (V, D, W) from `shapes` and is held for `hold_cycles` cycles;
+          reward = mean cycle throughput over the held cycles; one policy call per decision.
+          Re-SpS's V set {32..128} is snapped to the logged grid (32->30, 48->50, 64->60,
+          96->100, 128->130); validity V <= W^(D-1) uses the paper's V; W is restricted to the
+          logged widths, and to the logged widths themselves when none of {8,12,16,20,32} is
+          logged (e.g. W = 10 only).
+  radar   RADAR. One step = one decision after draft call t (at most 8), W = 10, V = 60; obs =
+          the beam confidences of the current call (the LSTM keeps its state within a cycle;
+          `info["new_cycle"]` marks where to reset it). Reward: -alpha per CONTINUE, and at the
+          stop (L+1)/T_gen(t) (count_bonus, our throughput) or L/T_gen(t) (the paper), with
+          T_gen(t) = T0 + Tf t + Teye (t+1) from the latency model (`LatencyModel.radar_tgen`);
+          with reward="expected" (T > 0 logs) L is replaced by E[L] under the logged
+          acceptance-length distribution (RADAR's dataset), the transition stays exact.
+
+Episodes: a whole sequence from p = 0 (episode_cycles=None), or `episode_cycles` cycles from a
+uniformly drawn (sequence, position) (terminated at the sequence end, truncated at the budget).
+Vector semantics follow gymnasium's: step returns (obs, reward, terminated, truncated, info)
+arrays; with autoreset the obs of a finished env is already its next episode's first obs.
+`ReplayGymEnv` wraps one env as a `gymnasium.Env`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from simulator import observations as obs
+from simulator.latency import LatencyModel
+from simulator.logs import ReplayLogs
+from simulator.replay import cycle_time
+
+RESPS_VERIFY = (32, 48, 64, 80, 96, 128)
+RESPS_DEPTH = (3, 4, 5, 6, 7, 8)
+RESPS_WIDTH = (8, 12, 16, 20, 32)
+
+
+@dataclass
+class EnvConfig:
+    n_envs: int = 256
+    width: int = 10                     # W for depth / size / radar
+    max_depth: int = 12                 # LTD: D <= 12
+    verify_size: int = 60               # V for depth / radar
+    episode_cycles: int | None = None   # None: whole sequences from p = 0
+    autoreset: bool = True
+    latency_noise: bool = False         # sample cycle times from the measured p10/p90 spread
+    call_cost: float | None = None      # seconds per policy call (None: latency.t_policy)
+    hold_cycles: int = 10               # shape: cycles an action is held (Re-SpS: 10 train, 30 inference)
+    shapes: tuple | None = None         # shape: [(V, D, W)]; None: Re-SpS's set (see module docstring)
+    radar_max_calls: int = obs.RADAR_MAX_CALLS
+    radar_alpha: float = 0.0            # penalty per CONTINUE (tokens/s units)
+    radar_count_bonus: bool = True      # numerator L+1 (True) or RADAR's L (False)
+    radar_reward: str = "exact"         # exact | expected
+    seed: int = 0
+
+
+def resps_shapes(logs: ReplayLogs, max_depth: int | None = None) -> np.ndarray:
+    """Re-SpS's (V, D, W) set, V snapped to the logged grid, W restricted to logged widths, deduplicated."""
+    widths = [w for w in RESPS_WIDTH if w in logs.w] or list(logs.widths)
+    out = []
+    for W in widths:
+        for D in RESPS_DEPTH:
+            if D > (max_depth or logs.max_depth):
+                continue
+            for V in RESPS_VERIFY:
+                if V <= W ** (D - 1):
+                    t = (int(logs.snap_to_grid(V)), D, W)
+                    if t not in out:
+                        out.append(t)
+    return np.array(out, np.int64)
+
+
+class _ReplayCore:
+    """Sequence/position bookkeeping, exact cycle outcomes, episode statistics."""
+
+    obs_dim: int
+    n_actions: int
+
+    def __init__(self, logs: ReplayLogs, latency: LatencyModel, cfg: EnvConfig):
+        self.logs, self.lat, self.cfg = logs, latency, cfg
+        if cfg.width not in logs.w:
+            raise ValueError(f"width {cfg.width} not in the loaded logs (widths {list(logs.w)})")
+        self.n = cfg.n_envs
+        self.target = logs.new_tokens - 1
+        self.valid_seqs = np.flatnonzero(self.target > 0)
+        if not len(self.valid_seqs):
+            raise ValueError("no sequence with anything to draft")
+        self.call_s = latency.policy_s if cfg.call_cost is None else float(cfg.call_cost)
+        self.wa = logs.w[cfg.width]
+        self.G = logs.grid_index(cfg.verify_size) if self._uses_fixed_verify else None
+        self.seq = np.zeros(self.n, np.int64)
+        self.p = np.zeros(self.n, np.int64)
+        self.cycles = np.zeros(self.n, np.int64)
+        self.done = np.zeros(self.n, bool)
+        self.ep = {k: np.zeros(self.n) for k in ("return", "time", "tokens", "cycles", "steps")}
+        self.finished: list[dict] = []           # stats of finished episodes (drained by trainers)
+        self.rng = np.random.default_rng(cfg.seed)
+
+    _uses_fixed_verify = True
+
+    # ---- episodes
+    def _start(self, idx: np.ndarray) -> None:
+        k = len(idx)
+        if self.cfg.episode_cycles is None:
+            self.seq[idx] = self.valid_seqs[self.rng.integers(0, len(self.valid_seqs), k)]
+            self.p[idx] = 0
+        else:
+            rows = self.rng.integers(0, self.logs.n_positions, k)
+            self.seq[idx] = self.logs.seq_index[rows]
+            self.p[idx] = self.logs.position[rows]
+        self.cycles[idx] = 0
+        self.done[idx] = False
+        for v in self.ep.values():
+            v[idx] = 0.0
+        self._start_cycle(idx)
+
+    def _start_cycle(self, idx: np.ndarray) -> None:
+        pass
+
+    def rows(self, idx=None) -> np.ndarray:
+        s = self.seq if idx is None else self.seq[idx]
+        p = self.p if idx is None else self.p[idx]
+        return self.logs.offsets[s] + np.minimum(p, self.target[s] - 1)
+
+    def _finish_cycle(self, idx, D, W, V, calls) -> dict:
+        """Replay one cycle for envs idx; advance p; return L, emitted, t and episode ends."""
+        rows = self.rows(idx)
+        D = np.asarray(D, np.int64)
+        if np.isscalar(W) or np.ndim(W) == 0:
+            acc = self.logs.w[int(W)].acceptance
+            g = self.G if (self.G is not None and np.ndim(V) == 0) else self.logs.grid_index(V)
+            L = acc[rows, D - 1, g].astype(np.int64)
+        else:
+            from simulator.replay import lookup_accepted
+            L = lookup_accepted(self.logs, rows, D, W, V)
+        ctx = self.logs.context_len[rows]
+        t = cycle_time(self.lat, D, W, V, ctx, calls, self.call_s,
+                       self.rng if self.cfg.latency_noise else None)
+        s = self.seq[idx]
+        emitted = np.minimum(L + 1, self.target[s] - self.p[idx])
+        self.p[idx] += L + 1
+        self.cycles[idx] += 1
+        self.ep["time"][idx] += t["t_cycle"]
+        self.ep["tokens"][idx] += emitted
+        self.ep["cycles"][idx] += 1
+        term = self.p[idx] >= self.target[s]
+        trunc = ~term & (False if self.cfg.episode_cycles is None else self.cycles[idx] >= self.cfg.episode_cycles)
+        return {"L": L, "emitted": emitted, "t": t["t_cycle"], "D": D, "rows": rows, "ctx": ctx,
+                "terminated": term, "truncated": trunc}
+
+    def _end_episodes(self, idx, reward, terminated, truncated) -> None:
+        """Record finished episodes, autoreset (or freeze) them."""
+        self.ep["return"] += reward
+        self.ep["steps"] += 1
+        end = np.flatnonzero(terminated | truncated)
+        if not len(end):
+            return
+        tok, tim = self.ep["tokens"][end], self.ep["time"][end]
+        for j, e in enumerate(end):
+            self.finished.append({"return": float(self.ep["return"][e]), "tokens_per_s": float(tok[j] / max(tim[j], 1e-12)),
+                                  "tau": float(tok[j] / max(self.ep["cycles"][e], 1)), "cycles": int(self.ep["cycles"][e]),
+                                  "steps": int(self.ep["steps"][e]), "tokens": float(tok[j]), "time": float(tim[j])})
+        if len(self.finished) > 100_000:
+            del self.finished[: len(self.finished) - 100_000]
+        if self.cfg.autoreset:
+            self._start(end)
+        else:
+            self.done[end] = True
+
+    def drain_finished(self) -> list[dict]:
+        out, self.finished = self.finished, []
+        return out
+
+    # ---- gym-style API
+    def reset(self, seed: int | None = None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self._start(np.arange(self.n))
+        self.finished = []
+        return self.observe(), {}
+
+    def observe(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def step(self, actions):
+        raise NotImplementedError
+
+
+# ------------------------------------------------------------------ depth (LTD)
+
+class DepthEnv(_ReplayCore):
+    """LTD depth policy env (module docstring). Actions: 0 STOP, 1 CONTINUE."""
+
+    n_actions = 2
+
+    def __init__(self, logs, latency, cfg: EnvConfig, size_policy=None):
+        super().__init__(logs, latency, cfg)
+        self.Dmax = min(cfg.max_depth, logs.max_depth)
+        self.size_policy = size_policy
+        self.obs_dim = obs.ltd_depth_obs_dim(cfg.width)
+        self.d = np.ones(self.n, np.int64)
+        self._buf = np.zeros((self.n, self.obs_dim), np.float32)
+        W2 = cfg.width * cfg.width
+        self._flat = self.wa.sorted_candidates.reshape(-1, W2)      # [N * Dmax_logged, W*W]
+
+    def _start_cycle(self, idx):
+        self.d[idx] = 1
+
+    def observe(self):
+        rows = self.rows()
+        flat = rows * self.logs.max_depth + self.d - 1
+        return obs.ltd_depth_obs(self._flat[flat], self.d, self.logs.context_len[rows], self.cfg.width,
+                                 presorted=True, out=self._buf).copy()
+
+    def step(self, actions):
+        a = np.asarray(actions).astype(bool)
+        cont = a & ~self.done
+        D = np.where(cont, self.d + 1, self.d)
+        finish = (~cont | (D >= self.Dmax)) & ~self.done
+        reward = np.zeros(self.n)
+        term = np.zeros(self.n, bool)
+        trunc = np.zeros(self.n, bool)
+        i = np.flatnonzero(finish)
+        if len(i):
+            calls = self.d[i].copy()                                 # asked after forwards 1..d
+            V = self.cfg.verify_size
+            if self.size_policy is not None:
+                rows = self.rows(i)
+                o = obs.ltd_size_obs(self.wa.sorted_candidates[rows], D[i], self.logs.context_len[rows],
+                                     self.cfg.width, self.Dmax, presorted=True)
+                V = np.asarray(self.size_policy(o), np.int64)
+                calls += 1
+            out = self._finish_cycle(i, D[i], self.cfg.width, V, calls)
+            reward[i] = out["emitted"] / out["t"]
+            term[i], trunc[i] = out["terminated"], out["truncated"]
+            self.d[i] = 1
+        go = np.flatnonzero(~finish & ~self.done)
+        self.d[go] = D[go]
+        info = {"cycle_end": finish}
+        self._end_episodes(np.arange(self.n), reward, term, trunc)
+        return self.observe(), reward, term, trunc, info
+
+
+# ------------------------------------------------------------------ size (LTD)
+
+class SizeEnv(_ReplayCore):
+    """LTD size policy env: one step per cycle; action a -> V = 20 + 20 a."""
+
+    n_actions = len(obs.SIZE_ACTIONS)
+    _uses_fixed_verify = False
+
+    def __init__(self, logs, latency, cfg: EnvConfig, depth_policy=None, size_values=obs.SIZE_ACTIONS):
+        self.depth_policy = depth_policy
+        self.size_values = np.asarray(size_values, np.int64)
+        self.n_actions = len(self.size_values)
+        super().__init__(logs, latency, cfg)
+        self.Dmax = min(cfg.max_depth, logs.max_depth)
+        logs.grid_index(self.size_values)                            # all on the grid
+        self.obs_dim = obs.ltd_size_obs_dim(cfg.width, self.Dmax)
+        self.D = np.ones(self.n, np.int64)
+        self.depth_calls = np.zeros(self.n, np.int64)
+
+    def _start_cycle(self, idx):
+        """Choose this cycle's D: the depth policy's stops, or uniform on 1..Dmax."""
+        if self.depth_policy is None:
+            self.D[idx] = self.rng.integers(1, self.Dmax + 1, len(idx))
+            self.depth_calls[idx] = 0
+            return
+        rows = self.rows(idx)
+        ctx = self.logs.context_len[rows]
+        D = np.full(len(idx), self.Dmax, np.int64)
+        drafting = np.ones(len(idx), bool)
+        for d in range(1, self.Dmax):
+            j = np.flatnonzero(drafting)
+            if not len(j):
+                break
+            o = obs.ltd_depth_obs(self.wa.sorted_candidates[rows[j], d - 1], d, ctx[j], self.cfg.width, presorted=True)
+            stop = j[~np.asarray(self.depth_policy(o), bool)]
+            D[stop] = d
+            drafting[stop] = False
+        self.D[idx] = D
+        self.depth_calls[idx] = np.minimum(D, self.Dmax - 1)
+
+    def observe(self):
+        rows = self.rows()
+        return obs.ltd_size_obs(self.wa.sorted_candidates[rows], self.D, self.logs.context_len[rows], self.cfg.width,
+                                self.Dmax, presorted=True)
+
+    def step(self, actions):
+        a = np.asarray(actions, np.int64)
+        i = np.flatnonzero(~self.done)
+        reward = np.zeros(self.n)
+        term = np.zeros(self.n, bool)
+        trunc = np.zeros(self.n, bool)
+        if len(i):
+            V = self.size_values[a[i]]
+            out = self._finish_cycle(i, self.D[i], self.cfg.width, V, self.depth_calls[i] + 1)
+            reward[i] = out["emitted"] / out["t"]
+            term[i], trunc[i] = out["terminated"], out["truncated"]
+            self._start_cycle(i)
+        self._end_episodes(np.arange(self.n), reward, term, trunc)
+        return self.observe(), reward, term, trunc, {"depth": self.D.copy()}
+
+
+# ------------------------------------------------------------------ shape (Re-SpS)
+
+class ShapeEnv(_ReplayCore):
+    """Re-SpS env: action = index into `shapes` [(V, D, W)], held for hold_cycles cycles."""
+
+    _uses_fixed_verify = False
+
+    def __init__(self, logs, latency, cfg: EnvConfig):
+        self.shapes = np.asarray(cfg.shapes, np.int64) if cfg.shapes is not None else resps_shapes(logs, cfg.max_depth)
+        if not len(self.shapes):
+            raise ValueError("empty shape action set")
+        for W in np.unique(self.shapes[:, 2]):
+            if int(W) not in logs.w:
+                raise ValueError(f"shape width {int(W)} not in the loaded logs (widths {list(logs.w)})")
+        logs.grid_index(self.shapes[:, 0])
+        self.n_actions = len(self.shapes)
+        super().__init__(logs, latency, cfg)
+        self.obs_dim = obs.RESPS_DIM
+        self.last = {k: np.zeros(self.n, np.int64) for k in ("D", "W", "V", "L", "emitted")}
+        self.has_last = np.zeros(self.n, bool)
+        self.last_root = np.full((self.n, obs.RESPS_ROOT_K), np.nan, np.float32)
+
+    def _start(self, idx):
+        super()._start(idx)
+        self.has_last[idx] = False
+
+    def observe(self):
+        rows = self.rows()
+        return obs.resps_obs(self.last_root, self.last["L"], self.last["D"], self.last["V"], self.last["W"],
+                             self.last["emitted"], self.logs.context_len[rows], self.has_last, self.logs.max_depth)
+
+    def step(self, actions):
+        a = np.asarray(actions, np.int64)
+        V, D, W = self.shapes[a, 0], self.shapes[a, 1], self.shapes[a, 2]
+        tput = np.zeros(self.n)
+        count = np.zeros(self.n)
+        term = np.zeros(self.n, bool)
+        trunc = np.zeros(self.n, bool)
+        live = ~self.done
+        for k in range(self.cfg.hold_cycles):
+            i = np.flatnonzero(live)
+            if not len(i):
+                break
+            v_eff = np.minimum(V[i], 1 + W[i] + (D[i] - 1) * W[i] * W[i])
+            out = self._finish_cycle(i, D[i], W[i], V[i], 1 if k == 0 else 0)
+            tput[i] += out["emitted"] / out["t"]
+            count[i] += 1
+            for key, val in (("D", D[i]), ("W", W[i]), ("V", v_eff), ("L", out["L"]), ("emitted", out["emitted"])):
+                self.last[key][i] = val
+            self.has_last[i] = True
+            for Wv in np.unique(W[i]):
+                m = W[i] == Wv
+                cs = self.logs.w[int(Wv)].candidate_scores[out["rows"][m], 0, : min(int(Wv), obs.RESPS_ROOT_K)]
+                self.last_root[i[m]] = np.nan
+                self.last_root[i[m], : cs.shape[1]] = cs
+            end = out["terminated"] | out["truncated"]
+            term[i], trunc[i] = out["terminated"], out["truncated"]
+            live[i[end]] = False
+        reward = np.where(count > 0, tput / np.maximum(count, 1), 0.0)
+        self._end_episodes(np.arange(self.n), reward, term, trunc)
+        return self.observe(), reward, term, trunc, {"held_cycles": count}
+
+
+# ------------------------------------------------------------------ RADAR
+
+class RadarEnv(_ReplayCore):
+    """RADAR stop/continue env (module docstring). Actions: 0 STOP, 1 CONTINUE."""
+
+    n_actions = 2
+
+    def __init__(self, logs, latency, cfg: EnvConfig):
+        super().__init__(logs, latency, cfg)
+        self.tmax = min(cfg.radar_max_calls, logs.max_depth)
+        self.obs_dim = cfg.width
+        self.d = np.ones(self.n, np.int64)
+        if cfg.radar_reward == "expected" and self.wa.accept_dist is None:
+            raise ValueError("radar_reward='expected' needs accept_dist (T > 0 logs)")
+
+    def _start_cycle(self, idx):
+        self.d[idx] = 1
+
+    def observe(self):
+        rows = self.rows()
+        return obs.radar_obs(self.wa.beam_scores[rows, self.d - 1], self.cfg.width)
+
+    def step(self, actions):
+        a = np.asarray(actions).astype(bool)
+        cont = a & ~self.done
+        D = np.where(cont, self.d + 1, self.d)
+        finish = (~cont | (D >= self.tmax)) & ~self.done
+        reward = np.where(cont, -self.cfg.radar_alpha, 0.0)
+        term = np.zeros(self.n, bool)
+        trunc = np.zeros(self.n, bool)
+        new_cycle = np.zeros(self.n, bool)
+        i = np.flatnonzero(finish)
+        if len(i):
+            out = self._finish_cycle(i, D[i], self.cfg.width, self.cfg.verify_size, self.d[i].copy())
+            if self.cfg.radar_reward == "expected":
+                dist = self.wa.accept_dist[out["rows"], D[i] - 1]            # [k, Dmax+1]
+                L = dist @ np.arange(dist.shape[1])
+                L = np.where(np.isnan(L), out["L"], L)                        # rows without a logged dist
+            else:
+                L = out["L"]
+            num = L + 1 if self.cfg.radar_count_bonus else L
+            tgen = self.lat.radar_tgen(D[i], out["ctx"], self.cfg.width, self.cfg.verify_size, self.tmax)
+            reward[i] += num / tgen
+            term[i], trunc[i] = out["terminated"], out["truncated"]
+            self.d[i] = 1
+            new_cycle[i] = True
+        go = np.flatnonzero(~finish & ~self.done)
+        self.d[go] = D[go]
+        self._end_episodes(np.arange(self.n), reward, term, trunc)
+        return self.observe(), reward, term, trunc, {"new_cycle": new_cycle | term | trunc, "cycle_end": finish}
+
+
+MODES = {"depth": DepthEnv, "size": SizeEnv, "shape": ShapeEnv, "radar": RadarEnv}
+
+
+def ReplayEnv(logs: ReplayLogs, latency: LatencyModel, mode: str = "depth", config: EnvConfig | None = None,
+              **kwargs):
+    """Build a vectorised replay env: mode in depth | size | shape | radar; kwargs override EnvConfig
+    fields, except depth_policy (size mode) and size_policy (depth mode)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} ({' | '.join(MODES)})")
+    extra = {k: kwargs.pop(k) for k in ("depth_policy", "size_policy", "size_values") if k in kwargs}
+    cfg = replace(config or EnvConfig(), **kwargs)
+    return MODES[mode](logs, latency, cfg, **extra)
+
+
+# ------------------------------------------------------------------ gymnasium wrapper
+
+def _gym_cls():
+    import gymnasium as gym
+
+    class _ReplayGymEnv(gym.Env):
+        """One replay env as a gymnasium.Env (no autoreset; call reset() after the episode ends)."""
+
+        metadata = {"render_modes": []}
+
+        def __init__(self, logs: ReplayLogs, latency: LatencyModel, mode: str = "depth", **kwargs):
+            kwargs.update(n_envs=1, autoreset=False)
+            self.vec = ReplayEnv(logs, latency, mode, **kwargs)
+            # scores >= SCORE_FLOOR, every other feature >= 0; context_len/1000 is unbounded in principle
+            self.observation_space = gym.spaces.Box(low=obs.SCORE_FLOOR, high=1e6, shape=(self.vec.obs_dim,),
+                                                    dtype=np.float32)
+            self.action_space = gym.spaces.Discrete(self.vec.n_actions)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            if seed is None:
+                seed = int(self.np_random.integers(0, 2**31 - 1))
+            o, _ = self.vec.reset(seed=seed)
+            return o[0], {}
+
+        def step(self, action):
+            o, r, term, trunc, info = self.vec.step(np.array([int(action)]))
+            return o[0], float(r[0]), bool(term[0]), bool(trunc[0]), {}
+
+    return _ReplayGymEnv
+
+
+def ReplayGymEnv(logs: ReplayLogs, latency: LatencyModel, mode: str = "depth", **kwargs):
+    return _gym_cls()(logs, latency, mode, **kwargs)

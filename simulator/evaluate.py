@@ -1,0 +1,135 @@
+"""`draftgym evaluate`: replay policies and baselines on a split of the logs, per dataset.
+
+Reference methods, always reported:
+    ar          autoregressive decoding: per token t_verify(V=1, c) + t_overhead(c)
+    static      EAGLE-3's default (8, 10, 60)
+    grid-best   the best static (D, W, V) per dataset, chosen on the tuning split (val, else train,
+                else the evaluated split itself; reported) and replayed on the evaluated split
+    oracle      hindsight DP over the static shape space (upper bound; simulator/baselines.py)
+
+Per dataset (and "all"): tau (iteration-weighted), tokens/s (mean of per-sequence speeds,
+Spec-Bench), speedup vs AR, vs static, vs grid-best (ratios of mean speeds) and % of oracle.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import DataError, DraftGymError
+from simulator import baselines as B
+from simulator.latency import LatencyModel
+from simulator.logs import ReplayLogs, load_logs
+from simulator.policy import Policy, Shape, load_policy
+from simulator.replay import SimResult, autoregressive, simulate
+
+
+class PerDatasetStatic(Policy):
+    """A static config per dataset (grid-best)."""
+
+    def __init__(self, logs: ReplayLogs, configs: dict[str, tuple[int, int, int]], fallback: tuple[int, int, int]):
+        self.cfg = np.array([configs.get(d, fallback) for d in logs.dataset], np.int64)     # [S, 3]
+        self.name = "grid-best"
+
+    def plan(self, b):
+        c = self.cfg[b.seq]
+        return Shape(c[:, 0], c[:, 1], c[:, 2], np.zeros(len(b.env), np.int64))
+
+
+def pick_tune_split(logs: ReplayLogs, split: str, tune_split: str | None) -> str:
+    if tune_split and tune_split != "auto":
+        return tune_split
+    have = set(logs.split.tolist())
+    for s in ("val", "train"):
+        if s in have and s != split:
+            return s
+    return split
+
+
+def metrics(res: SimResult, ref: dict[str, SimResult], groups: dict[str, np.ndarray]) -> dict[str, dict]:
+    out = {}
+    for g, m in groups.items():
+        s = res.summary(m)
+        tps = s["tokens_per_s"]
+        row = {"sequences": s["sequences"], "tau": s["tau"], "tokens_per_s": tps, "mean_accepted": s["mean_accepted"]}
+        for key, name in (("speedup_vs_ar", "ar"), ("vs_static", "static"), ("vs_grid_best", "grid-best")):
+            row[key] = tps / ref[name].summary(m)["tokens_per_s"]
+        row["pct_oracle"] = 100.0 * tps / ref["oracle"].summary(m)["tokens_per_s"]
+        out[g] = row
+    return out
+
+
+def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | None = None, model: str | None = None,
+             temperature: float | None = None, datasets=None, profile: str | None = None,
+             latency_root: str | Path | None = None, tune_split: str | None = "auto") -> dict:
+    all_logs = load_logs(logs_root, model=model, temperature=temperature, datasets=datasets, widths="all")
+    lat = LatencyModel.from_logs(latency_root or logs_root, model=all_logs.model, profile=profile)
+    ev = all_logs.select(split)
+    if ev.n_sequences == 0:
+        raise DataError(f"no sequences in split {split!r} (splits: {sorted(set(all_logs.split.tolist()))})")
+    tune = pick_tune_split(all_logs, split, tune_split)
+    tune_logs = all_logs.select(tune)
+    if tune_logs.n_sequences == 0:
+        raise DataError(f"no sequences in tuning split {tune!r}")
+    train = all_logs.select("train")
+    fit_logs = train if train.n_sequences else tune_logs
+
+    groups = {"all": np.ones(ev.n_sequences, bool), **{d: ev.dataset == d for d in ev.datasets}}
+    default = B.default_static(ev)
+    gs = B.grid_search(tune_logs, lat)
+    per_ds = {d: v["config"] for d, v in gs["by_dataset"].items() if d != "all"}
+    ref: dict[str, SimResult] = {
+        "ar": autoregressive(ev, lat),
+        "static": simulate(B.StaticPolicy(*default), ev, lat),
+        "grid-best": simulate(PerDatasetStatic(ev, per_ds, gs["by_dataset"]["all"]["config"]), ev, lat),
+        "oracle": simulate(B.OraclePolicy(ev, lat), ev, lat),
+    }
+    results = {name: metrics(r, ref, groups) for name, r in ref.items()}
+    for spec in policies or []:
+        try:
+            pol = load_policy(spec, logs=ev, latency=lat, fit_logs=fit_logs)
+            res = simulate(pol, ev, lat)
+        except ValueError as e:
+            raise DraftGymError(f"policy {spec}: {e}") from None
+        name = spec if spec not in results else f"{spec} (again)"
+        results[name] = metrics(res, ref, groups)
+        results[name]["all"]["policy_name"] = getattr(pol, "name", spec)
+    return {"logs": str(logs_root), "model": ev.model, "temperature": ev.temperature, "split": split,
+            "tune_split": tune, "latency": lat.meta, "static_default": list(default),
+            "grid_best": {d: list(v["config"]) for d, v in gs["by_dataset"].items()},
+            "datasets": list(groups), "results": results, "notes": all_logs.notes}
+
+
+def print_report(rep: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=max(console.width, 120))
+    t = Table(title=f"DraftGym replay: {rep['model']} T={rep['temperature']:g} split={rep['split']} "
+                    f"(grid-best tuned on {rep['tune_split']}; latency {rep['latency'].get('profile_id')})")
+    for col in ("dataset", "method", "seqs", "tau", "tok/s", "x AR", "x static", "x grid", "% oracle"):
+        t.add_column(col, justify="left" if col in ("dataset", "method") else "right", no_wrap=True)
+    for ds in rep["datasets"]:
+        for i, (name, per) in enumerate(rep["results"].items()):
+            r = per[ds]
+            t.add_row(ds if i == 0 else "", name, str(r["sequences"]), f"{r['tau']:.2f}", f"{r['tokens_per_s']:.1f}",
+                      f"{r['speedup_vs_ar']:.2f}", f"{r['vs_static']:.2f}", f"{r['vs_grid_best']:.2f}",
+                      f"{r['pct_oracle']:.0f}")
+        t.add_section()
+    console.print(t)
+    gb = ", ".join(f"{d}: {tuple(c)}" for d, c in rep["grid_best"].items())
+    console.print(f"static default (D, W, V) = {tuple(rep['static_default'])}; grid-best per dataset: {gb}")
+
+
+def run_evaluate(args) -> int:
+    rep = evaluate(args.logs, split=args.split, policies=args.policy, model=args.model, temperature=args.temperature,
+                   datasets=args.dataset, profile=args.profile, latency_root=args.latency, tune_split=args.tune_split)
+    if args.json:
+        print(json.dumps(rep, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+    else:
+        print_report(rep)
+    return 0

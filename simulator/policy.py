@@ -1,0 +1,393 @@
+"""Policies: the vectorised mirror of `pipeline.controller.Controller`, checkpoints and a loader.
+
+A `Policy` has the engine's four hooks, batched over many independent generations ("envs"):
+
+    reset(n_envs, seed)                 start of every generation batch
+    plan(PlanBatch) -> Shape            cycle start: D_max, W, V and the policy calls it made
+    continue_drafting(StepBatch) -> bool[n]   after draft forward `depth` (< D_max); False = STOP
+    verify_size(PoolBatch, V) -> V[n]   once before verification (size policies)
+    observe(env, record)                after the cycle (numpy arrays keyed like CycleRecord)
+
+Class attributes tell the simulator which hooks to call and what a call costs:
+    uses_depth_hook / uses_size_hook    bool
+    width                               the W its hooks' observations assume (hook policies)
+    call_cost                           "model" (latency.t_policy per call) or seconds (heuristics: 0.0)
+
+Inputs hold exactly what the engine exposes (DraftStep fields, DraftPool scores, CycleContext,
+CycleRecord), so an online adapter feeds the same policy with n = 1; observation vectors are
+always built by `simulator.observations`.
+
+Checkpoints: a directory with manifest.json + one torch state_dict file per component:
+
+    {"format": "draftgym-policy", "version": 1, "name": ..., "method": "ltd" | "radar" | "resps",
+     "components": {"depth"|"size"|"radar"|"shape": {
+         "file": "depth.pt",
+         "net": {"type": "mlp", "in": 102, "hidden": [1024], "out": 2}   |
+                {"type": "radar_lstm", "in": 10, "hidden": 128, "mlp_hidden": 128, "out": 2},
+         "obs": {"name": "ltd_depth" | "ltd_size" | "radar" | "resps", "width": 10, "max_depth": 12, "dim": 102},
+         "action": {"type": "stop_continue", "max_depth": 12} | {"type": "verify_size", "values": [20, ..]} |
+                   {"type": "shape", "shapes": [[V, D, W], ..], "hold": 30}}},
+     "shape": {"width": 10, "max_depth": 12, "verify_size": 60},    # defaults the hooks start from
+     "training": {...}, "created": "..."}
+
+`load_policy(spec)` accepts such a directory or a built-in name:
+    static:D,W,V   ddd[:threshold]   entropy[:theta]   goodput   oracle[:static|depth]   random[:seed]
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import DraftGymError
+from simulator import observations as obs
+
+FORMAT = "draftgym-policy"
+FORMAT_VERSION = 1
+STOP, CONTINUE = 0, 1
+
+
+# ------------------------------------------------------------------ hook inputs
+
+@dataclass
+class PlanBatch:
+    env: np.ndarray               # [n] env ids
+    seq: np.ndarray               # [n] sequence index (replay only: the oracle's lookup)
+    position: np.ndarray          # [n] root position p (replay only: the oracle's lookup)
+    cycle: np.ndarray             # [n] cycle index within the generation
+    context_len: np.ndarray       # [n]
+    has_last: np.ndarray          # [n] bool: a previous cycle exists
+    last_depth: np.ndarray        # [n] previous cycle's D, W, V (effective), L, emitted (0 if none)
+    last_width: np.ndarray
+    last_verify: np.ndarray
+    last_accepted: np.ndarray
+    last_emitted: np.ndarray
+    last_root_scores: np.ndarray  # [n, 8] previous cycle's depth-1 scores (NaN-padded)
+
+
+@dataclass
+class StepBatch:
+    """Batched `pipeline.tree.DraftStep`."""
+    env: np.ndarray
+    depth: int                    # draft forwards done (same for the whole batch)
+    width: int
+    beam_scores: np.ndarray       # [n, W]
+    candidate_scores: np.ndarray  # [n, W*W] (W valid + NaN after forward 1)
+    entropy: np.ndarray           # [n, W] (slot 0 valid after forward 1)
+    context_len: np.ndarray       # [n]
+    sorted_candidates: np.ndarray | None = None   # [n, W*W] = observations.sort_desc(candidate_scores, W*W)
+
+
+@dataclass
+class PoolBatch:
+    """Batched `DraftPool`, as per-level scores sorted within each level (observations.sort_levels)."""
+    env: np.ndarray
+    depth: np.ndarray             # [n] D drafted
+    width: int
+    level_scores: np.ndarray      # [n, Dmax, W*W] sorted per level, levels >= D are to be ignored
+    context_len: np.ndarray
+
+
+@dataclass
+class Shape:
+    depth: np.ndarray             # D_max (the depth when no depth hook stops earlier)
+    width: np.ndarray
+    verify: np.ndarray            # V (before the size hook, if any)
+    calls: np.ndarray             # policy inferences made in plan()
+
+
+class Policy:
+    name = "policy"
+    uses_depth_hook = False
+    uses_size_hook = False
+    call_cost: str | float = 0.0
+    width: int | None = None
+
+    def reset(self, n_envs: int, seed: int = 0) -> None:
+        pass
+
+    def plan(self, b: PlanBatch) -> Shape:
+        raise NotImplementedError
+
+    def continue_drafting(self, s: StepBatch) -> np.ndarray:
+        return np.ones(len(s.env), bool)
+
+    def verify_size(self, pool: PoolBatch, verify: np.ndarray) -> np.ndarray:
+        return verify
+
+    def observe(self, env: np.ndarray, record: dict) -> None:
+        pass
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+def const_shape(n: int, depth: int, width: int, verify: int, calls: int = 0) -> Shape:
+    return Shape(np.full(n, depth, np.int64), np.full(n, width, np.int64), np.full(n, verify, np.int64),
+                 np.full(n, calls, np.int64))
+
+
+# ------------------------------------------------------------------ networks
+
+def build_net(spec: dict):
+    """torch module from a manifest `net` spec."""
+    import torch.nn as nn
+
+    if spec["type"] == "mlp":
+        layers, d = [], spec["in"]
+        for h in spec["hidden"]:
+            layers += [nn.Linear(d, h), nn.ReLU()]
+            d = h
+        layers.append(nn.Linear(d, spec["out"]))
+        return nn.Sequential(*layers)
+    if spec["type"] == "radar_lstm":
+        return RadarNet(spec["in"], spec.get("hidden", 128), spec.get("mlp_hidden", 128), spec.get("out", 2))
+    raise DraftGymError(f"unknown net type {spec['type']!r}")
+
+
+def _radar_net_cls():
+    import torch
+    import torch.nn as nn
+
+    class _RadarNet(nn.Module):
+        """RADAR: LSTM(k -> 128) over the per-call confidences, then MLP([h_t, x_t] (138) -> 128 -> 2)."""
+
+        def __init__(self, n_in: int = 10, hidden: int = 128, mlp_hidden: int = 128, n_out: int = 2):
+            super().__init__()
+            self.hidden = hidden
+            self.cell = nn.LSTMCell(n_in, hidden)
+            self.head = nn.Sequential(nn.Linear(hidden + n_in, mlp_hidden), nn.ReLU(), nn.Linear(mlp_hidden, n_out))
+
+        def init_state(self, n: int):
+            z = torch.zeros(n, self.hidden)
+            return z, z.clone()
+
+        def forward(self, x, state):
+            h, c = self.cell(x, state)
+            return self.head(torch.cat([h, x], -1)), (h, c)
+
+    return _RadarNet
+
+
+def RadarNet(*a, **kw):
+    return _radar_net_cls()(*a, **kw)
+
+
+def _torch_logits(net, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return net(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
+
+
+def _choose(logits: np.ndarray, sample: bool, rng: np.random.Generator | None) -> np.ndarray:
+    if not sample:
+        return logits.argmax(-1)
+    z = logits - logits.max(-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(-1, keepdims=True)
+    u = rng.random(p.shape[:-1] + (1,))
+    return (p.cumsum(-1) < u).sum(-1).clip(0, p.shape[-1] - 1)
+
+
+# ------------------------------------------------------------------ learned policies
+
+class LTDPolicy(Policy):
+    """LTD: an MLP depth policy (STOP/CONTINUE after each forward) and/or an MLP size policy (V)."""
+
+    call_cost = "model"
+
+    def __init__(self, depth_net=None, size_net=None, width: int = 10, max_depth: int = 12, verify_size: int = 60,
+                 size_values=obs.SIZE_ACTIONS, name: str = "ltd", sample: bool = False, fixed_depth: int = 8):
+        self.depth_net, self.size_net = depth_net, size_net
+        self.width, self.max_depth, self.verify = width, max_depth, verify_size
+        self.size_values = np.asarray(size_values, np.int64)
+        self.name, self.sample, self.fixed_depth = name, sample, fixed_depth
+        self.uses_depth_hook = depth_net is not None
+        self.uses_size_hook = size_net is not None
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, n_envs, seed=0):
+        self.rng = np.random.default_rng(seed)
+
+    def plan(self, b):
+        D = self.max_depth if self.uses_depth_hook else self.fixed_depth
+        return const_shape(len(b.env), D, self.width, self.verify)
+
+    def continue_drafting(self, s):
+        c = s.sorted_candidates
+        o = obs.ltd_depth_obs(c if c is not None else s.candidate_scores, s.depth, s.context_len, self.width,
+                              presorted=c is not None)
+        return _choose(_torch_logits(self.depth_net, o), self.sample, self.rng) == CONTINUE
+
+    def verify_size(self, pool, verify):
+        o = obs.ltd_size_obs(pool.level_scores, pool.depth, pool.context_len, self.width, self.max_depth, presorted=True)
+        return self.size_values[_choose(_torch_logits(self.size_net, o), self.sample, self.rng)]
+
+
+class RadarPolicy(Policy):
+    """RADAR: an LSTM reads the per-call beam confidences; STOP/CONTINUE, at most `max_calls` forwards."""
+
+    call_cost = "model"
+    uses_depth_hook = True
+
+    def __init__(self, net, width: int = 10, verify_size: int = 60, max_calls: int = obs.RADAR_MAX_CALLS,
+                 name: str = "radar", sample: bool = False):
+        self.net, self.width, self.verify, self.max_calls = net, width, verify_size, max_calls
+        self.name, self.sample = name, sample
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, n_envs, seed=0):
+        import torch
+
+        self.h = torch.zeros(n_envs, self.net.hidden)
+        self.c = torch.zeros(n_envs, self.net.hidden)
+        self.rng = np.random.default_rng(seed)
+
+    def plan(self, b):
+        self.h[b.env] = 0.0
+        self.c[b.env] = 0.0
+        return const_shape(len(b.env), self.max_calls, self.width, self.verify)
+
+    def continue_drafting(self, s):
+        import torch
+
+        x = torch.from_numpy(obs.radar_obs(s.beam_scores, self.width))
+        idx = torch.from_numpy(np.asarray(s.env))
+        with torch.no_grad():
+            logits, (h, c) = self.net(x, (self.h[idx], self.c[idx]))
+        self.h[idx], self.c[idx] = h, c
+        return _choose(logits.numpy(), self.sample, self.rng) == CONTINUE
+
+
+class ShapePolicy(Policy):
+    """Re-SpS: an MLP picks (V, D, W) from a fixed list, held for `hold` cycles (one call per hold)."""
+
+    call_cost = "model"
+
+    def __init__(self, net, shapes, hold: int = 30, max_depth: int = 12, name: str = "resps", sample: bool = False):
+        self.net, self.shapes = net, np.asarray(shapes, np.int64)        # [A, 3] (V, D, W)
+        self.hold, self.max_depth, self.name, self.sample = hold, max_depth, name, sample
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, n_envs, seed=0):
+        self.current = np.zeros(n_envs, np.int64)
+        self.age = np.zeros(n_envs, np.int64)            # cycles since the last call
+        self.rng = np.random.default_rng(seed)
+
+    def plan(self, b):
+        n = len(b.env)
+        call = (b.cycle == 0) | (self.age[b.env] >= self.hold)
+        if call.any():
+            i = np.flatnonzero(call)
+            o = obs.resps_obs(b.last_root_scores[i], b.last_accepted[i], b.last_depth[i], b.last_verify[i],
+                              b.last_width[i], b.last_emitted[i], b.context_len[i], b.has_last[i], self.max_depth)
+            self.current[b.env[i]] = _choose(_torch_logits(self.net, o), self.sample, self.rng)
+            self.age[b.env[i]] = 0
+        self.age[b.env] += 1
+        a = self.shapes[self.current[b.env]]
+        return Shape(a[:, 1].copy(), a[:, 2].copy(), a[:, 0].copy(), call.astype(np.int64))
+
+
+# ------------------------------------------------------------------ checkpoints
+
+def save_policy(out: str | Path, name: str, method: str, components: dict, shape: dict,
+                training: dict | None = None) -> Path:
+    """components: {cname: {"module": torch module, "net": spec, "obs": spec, "action": spec}}."""
+    import torch
+
+    from pipeline.schema import write_json_atomic
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    man = {"format": FORMAT, "version": FORMAT_VERSION, "name": name, "method": method, "components": {},
+           "shape": shape, "training": training or {}, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    for cname, c in components.items():
+        f = f"{cname}.pt"
+        torch.save(c["module"].state_dict(), out / f)
+        man["components"][cname] = {"file": f, "net": c["net"], "obs": c["obs"], "action": c["action"]}
+    write_json_atomic(man, out / "manifest.json")
+    return out
+
+
+def read_manifest(path: str | Path) -> dict:
+    path = Path(path)
+    f = path / "manifest.json" if path.is_dir() else path
+    if not f.is_file():
+        raise DraftGymError(f"no policy manifest at {f}")
+    try:
+        man = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise DraftGymError(f"{f}: not valid JSON ({e})") from None
+    if man.get("format") != FORMAT or man.get("version") != FORMAT_VERSION:
+        raise DraftGymError(f"{f}: not a {FORMAT} v{FORMAT_VERSION} manifest")
+    return man
+
+
+def load_checkpoint(path: str | Path, sample: bool = False, hold: int | None = None) -> Policy:
+    import torch
+
+    path = Path(path)
+    man = read_manifest(path)
+    nets = {}
+    for cname, c in man["components"].items():
+        net = build_net(c["net"])
+        try:
+            net.load_state_dict(torch.load(path / c["file"], map_location="cpu", weights_only=True))
+        except (FileNotFoundError, RuntimeError) as e:
+            raise DraftGymError(f"{path / c['file']}: cannot load ({str(e).splitlines()[0]})") from None
+        net.eval()
+        nets[cname] = net
+    sh, name, method = man.get("shape", {}), man.get("name", path.name), man["method"]
+    if method == "ltd":
+        size_values = man["components"].get("size", {}).get("action", {}).get("values", obs.SIZE_ACTIONS)
+        return LTDPolicy(nets.get("depth"), nets.get("size"), width=sh.get("width", 10),
+                         max_depth=sh.get("max_depth", 12), verify_size=sh.get("verify_size", 60),
+                         size_values=size_values, name=name, sample=sample, fixed_depth=sh.get("depth", 8))
+    if method == "radar":
+        a = man["components"]["radar"]["action"]
+        return RadarPolicy(nets["radar"], width=sh.get("width", 10), verify_size=sh.get("verify_size", 60),
+                           max_calls=a.get("max_depth", obs.RADAR_MAX_CALLS), name=name, sample=sample)
+    if method == "resps":
+        a = man["components"]["shape"]["action"]
+        return ShapePolicy(nets["shape"], a["shapes"], hold=hold or a.get("hold", 30),
+                           max_depth=sh.get("max_depth", 12), name=name, sample=sample)
+    raise DraftGymError(f"{path}: unknown policy method {method!r}")
+
+
+def load_policy(spec: str, logs=None, latency=None, fit_logs=None) -> Policy:
+    """A policy from a checkpoint directory or a built-in name (module docstring).
+
+    logs / latency: needed by `oracle` (dynamic programming over these logs) and `goodput`
+    (fit on `fit_logs`, default `logs`)."""
+    from simulator import baselines as B
+
+    if Path(spec).is_dir() or spec.endswith("manifest.json"):
+        return load_checkpoint(spec)
+    name, _, arg = spec.partition(":")
+    width = logs.width if logs is not None else 10
+    try:
+        if name == "static":
+            D, W, V = (int(x) for x in arg.split(","))
+            return B.StaticPolicy(D, W, V)
+        if name == "ddd":
+            return B.DDDPolicy(threshold=float(arg) if arg else B.DDDPolicy.threshold, width=width)
+        if name == "entropy":
+            return B.EntropyStopPolicy(theta=float(arg) if arg else B.EntropyStopPolicy.theta, width=width)
+        if name == "random":
+            return B.RandomShapePolicy(logs, seed=int(arg) if arg else 0)
+        if name == "goodput":
+            if latency is None or logs is None:
+                raise DraftGymError("goodput needs logs and a latency model")
+            return B.GoodputPolicy.fit(fit_logs if fit_logs is not None else logs, latency, width=width)
+        if name == "oracle":
+            if latency is None or logs is None:
+                raise DraftGymError("oracle needs logs and a latency model")
+            return B.OraclePolicy(logs, latency, space=arg or "static")
+    except ValueError as e:
+        raise DraftGymError(f"bad policy spec {spec!r}: {e}") from None
+    raise DraftGymError(f"unknown policy {spec!r}: a checkpoint directory, or one of static:D,W,V, ddd[:thr], "
+                        f"entropy[:theta], goodput, oracle[:static|depth], random[:seed]")

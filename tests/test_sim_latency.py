@@ -1,0 +1,86 @@
+"""Latency model: exact at measured points, interpolation, noise, RADAR constants, errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.errors import DataError
+from pipeline.schema import read_table, table_files
+from simulator.latency import LatencyModel
+from simulator.synthetic import latency_rows, write_latency
+from tests.test_sim_fixtures import syn, syn_root  # noqa: F401
+
+
+def test_exact_at_measured_points(syn_root):
+    lat = LatencyModel.from_logs(syn_root)
+    rows = [r for f in table_files(syn_root, "latency") for r in read_table(f, "latency").to_pylist()]
+    for r in rows:
+        if r["op"] == "draft_step":
+            assert lat.t_draft(r["width"], r["context_len"]) == pytest.approx(r["median"], rel=1e-12)
+        elif r["op"] == "verify":
+            assert lat.t_verify(r["verify_size"], r["context_len"]) == pytest.approx(r["median"], rel=1e-12)
+        elif r["op"] == "overhead":
+            assert lat.t_overhead(r["context_len"]) == pytest.approx(r["median"], rel=1e-12)
+        else:
+            assert lat.t_policy() == pytest.approx(r["median"])
+    rep = lat.fit_report()
+    assert all(rep["ops"][op]["in_sample_max_rel_err"] < 1e-12 for op in ("draft_step", "verify", "overhead"))
+    assert rep["ops"]["verify"]["loo_points"] > 0 and rep["ops"]["verify"]["loo_mean_rel_err"] < 0.01
+
+
+def test_piecewise_linear_between_points(tmp_path):
+    rows = [r for r in latency_rows("m", "cpu", widths=(10,), verify_grid=(1, 60), contexts=(100, 300))]
+    lat = LatencyModel.from_rows(rows)
+    pt = {(r["verify_size"], r["context_len"]): r["median"] for r in rows if r["op"] == "verify"}
+    mid_v = (pt[(1, 100)] * (1 - 29 / 59) + pt[(60, 100)] * (29 / 59))
+    assert lat.t_verify(30, 100) == pytest.approx(mid_v)
+    assert lat.t_verify(60, 200) == pytest.approx((pt[(60, 100)] + pt[(60, 300)]) / 2)
+    assert lat.t_verify(60, 5000) == pytest.approx(pt[(60, 300)])      # flat beyond the measured range
+    # vectorised, broadcasting
+    v = lat.t_verify(np.array([[1], [60]]), np.array([100, 300]))
+    assert v.shape == (2, 2) and v[1, 1] == pytest.approx(pt[(60, 300)])
+
+
+def test_noise_matches_measured_quantiles():
+    lat = LatencyModel.from_rows(latency_rows("m", "cpu", widths=(10,), contexts=(512,)))
+    rng = np.random.default_rng(0)
+    x = lat.t_verify(np.full(40_000, 60), 512, rng)
+    med = lat.t_verify(60, 512)
+    assert np.quantile(x, 0.1) == pytest.approx(0.94 * med, rel=0.01)
+    assert np.quantile(x, 0.9) == pytest.approx(1.09 * med, rel=0.01)
+    assert np.median(x) == pytest.approx(med, rel=0.01)
+
+
+def test_constants_and_radar_mapping():
+    lat = LatencyModel.from_constants(draft_step=0.01, verify=0.1, verify_per_token=0.001, policy=0.002,
+                                      overhead=0.005, per_context=1e-6)
+    assert lat.t_draft(10, 1000) == pytest.approx(0.011)
+    assert lat.t_verify(60, 0) == pytest.approx(0.16)
+    T0, Tf, Teye = lat.radar_constants(1000, width=10, verify_size=60)
+    assert (T0, Tf, Teye) == pytest.approx((0.161 + 0.005, 0.011, 0.002))
+    for t in range(1, 9):
+        eye = t + 1 if t < 8 else t
+        assert lat.radar_tgen(t, 1000) == pytest.approx(T0 + Tf * t + Teye * eye)
+    # V is clamped to the pool: D = 1, W = 2 has 2 candidates -> V_eff = 3
+    assert lat.t_cycle(1, 2, 60, 0) == pytest.approx(0.01 + 0.1 + 0.003 + 0.005)
+    assert lat.t_ar(0) == pytest.approx(0.106)
+
+
+def test_latency_errors(tmp_path):
+    with pytest.raises(DataError, match="no latency table"):
+        LatencyModel.from_logs(tmp_path)
+    write_latency(tmp_path, latency_rows("m", "cpu", profile_id="p1"))
+    write_latency(tmp_path, latency_rows("m", "gpu", profile_id="p2"))
+    lat = LatencyModel.from_logs(tmp_path)
+    assert lat.meta["profile_id"] == "p2" and "newest" in lat.meta["note"]
+    assert LatencyModel.from_logs(tmp_path, profile="p1").meta["profile_id"] == "p1"
+    with pytest.raises(DataError, match="not found"):
+        LatencyModel.from_logs(tmp_path, profile="p3")
+    with pytest.raises(DataError, match="no batch-1 latency rows"):
+        LatencyModel.from_logs(tmp_path, model="other")
+
+
+def test_plot(tmp_path, syn):
+    _, lat = syn
+    lat.plot(tmp_path / "lat.png")
+    assert (tmp_path / "lat.png").stat().st_size > 1000

@@ -1,0 +1,67 @@
+"""Observations: one builder for the engine's per-step objects and the logs' batched arrays."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipeline.controller import CycleRecord
+from pipeline.tree import DraftStep
+from simulator import observations as O
+from tests.test_sim_fixtures import syn, syn_root  # noqa: F401
+
+
+def test_depth_obs_step_equals_batched(syn):
+    logs, _ = syn
+    W = 10
+    wa = logs.w[W]
+    rows = np.arange(0, logs.n_positions, 7)
+    for d in (1, 2, 5):
+        batched = O.ltd_depth_obs(wa.candidate_scores[rows, d - 1], d, logs.context_len[rows], W)
+        fast = O.ltd_depth_obs(wa.sorted_candidates[rows, d - 1], d, logs.context_len[rows], W, presorted=True)
+        assert np.array_equal(batched, fast) and batched.dtype == np.float32
+        assert batched.shape == (len(rows), W * W + 2)
+        r = rows[3]
+        k = W if d == 1 else W * W                              # the engine gives [W] after forward 1
+        step = DraftStep(depth=d, width=W, beam_scores=torch.from_numpy(wa.beam_scores[r, d - 1]),
+                         candidate_scores=torch.from_numpy(wa.candidate_scores[r, d - 1, :k]),
+                         entropy=torch.from_numpy(wa.entropy[r, d - 1]), context_len=int(logs.context_len[r]))
+        assert np.array_equal(O.ltd_depth_obs_from_step(step), batched[3])
+    o = batched[0]
+    assert (np.diff(o[: W * W]) <= 0).all() and o[W * W] == 5 and o[-1] == logs.context_len[rows[0]] / 1000
+
+
+def test_size_obs_pool_equals_levels(syn):
+    logs, _ = syn
+    W, Dm = 10, logs.max_depth
+    wa = logs.w[W]
+    r, D = 11, 4
+    c = wa.candidate_scores[r]
+    pool = np.concatenate([c[0, :W], c[1:D].reshape(-1)])       # DraftPool.scores order
+    from_pool = O.ltd_size_obs_from_pool(torch.from_numpy(pool), W, D, int(logs.context_len[r]), Dm)
+    from_logs = O.ltd_size_obs(wa.sorted_candidates[[r]], D, logs.context_len[[r]], W, Dm, presorted=True)[0]
+    assert np.array_equal(from_pool, from_logs)
+    assert from_pool.shape == (O.ltd_size_obs_dim(W, Dm),)
+    assert (from_pool[W + (D - 1) * W * W: -2] == O.SCORE_FLOOR).all()   # undrafted levels are padding
+    assert from_pool[-2] == D
+
+
+def test_radar_and_resps_obs(syn):
+    logs, _ = syn
+    x = O.radar_obs(logs.beam_scores[:50, 2])
+    assert x.shape == (50, 10) and (x >= 0).all() and (x <= 1).all() and (np.diff(x, axis=1) <= 0).all()
+    rec = CycleRecord(depth=5, width=8, verify_size=50, accepted=3, emitted=4, context_len=100, t_draft=0,
+                      t_verify=0, t_controller=0, t_cycle=0)
+    one = O.resps_obs_from_record(rec, torch.tensor([-0.1, -2.0, -3.0]), 104)
+    assert one.shape == (O.RESPS_DIM,) and one.dtype == np.float32
+    assert one[0] == np.float32(-0.1) and one[3] == O.SCORE_FLOOR and one[-1] == 1
+    none = O.resps_obs_from_record(None, None, 104)
+    assert none[-1] == 0 and (none[O.RESPS_ROOT_K:-2] == 0).all()
+    batch = O.resps_obs(np.tile([-0.1, -2.0, -3.0], (2, 1)), [3, 0], [5, 0], [50, 0], [8, 0], [4, 0], [104, 104],
+                        [1, 0])
+    assert np.array_equal(batch[0], one) and np.array_equal(batch[1], none)
+
+
+def test_size_actions_and_heuristic_stats():
+    assert O.size_action_to_verify(np.arange(12)).tolist() == list(range(20, 241, 20))
+    assert O.best_beam_score([[-0.5, -0.2, np.nan]]).tolist() == [np.float32(-0.2)]
+    assert O.best_beam_entropy([[0.7, np.nan]]).tolist() == [np.float32(0.7)]
