@@ -252,6 +252,7 @@ class OraclePolicy(Policy):
     """Plays the DP's optimal action at every root (needs the replay's (seq, position): offline only)."""
 
     call_cost = 0.0
+    offline_only = True
 
     def __init__(self, logs: ReplayLogs, latency: LatencyModel, space: str | np.ndarray = "static"):
         self.dp = oracle_dp(logs, latency, space)

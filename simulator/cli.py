@@ -45,7 +45,9 @@ def add_train(sub) -> None:
     _logs_args(p)
     p.add_argument("--method", required=True, choices=["radar", "ltd", "resps"])
     p.add_argument("--out", required=True, help="policy directory (checkpoint + manifest.json + curve PNG)")
-    p.add_argument("--steps", type=int, default=None, help="environment steps (per policy / iteration)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="budget: ltd = depth env steps per depth phase (size phases get a quarter; default 200k); "
+                        "radar = gradient steps (default 3000); resps = decisions (default 30k)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="train", help="training split (validation uses val when present)")
     p.add_argument("--width", type=int, default=None, help="W (default 10 when logged)")

@@ -39,7 +39,7 @@ arrays; with autoreset the obs of a finished env is already its next episode's f
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 

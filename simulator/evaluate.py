@@ -98,7 +98,8 @@ def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | N
     return {"logs": str(logs_root), "model": ev.model, "temperature": ev.temperature, "split": split,
             "tune_split": tune, "latency": lat.meta, "static_default": list(default),
             "grid_best": {d: list(v["config"]) for d, v in gs["by_dataset"].items()},
-            "datasets": list(groups), "results": results, "notes": all_logs.notes}
+            "datasets": list(groups), "results": results, "notes": all_logs.notes,
+            "latency_coverage": lat.coverage(ev.context_len, ev.widths, ev.verify_grid)}
 
 
 def print_report(rep: dict, console=None) -> None:
@@ -123,6 +124,12 @@ def print_report(rep: dict, console=None) -> None:
     console.print(t)
     gb = ", ".join(f"{d}: {tuple(c)}" for d, c in rep["grid_best"].items())
     console.print(f"static default (D, W, V) = {tuple(rep['static_default'])}; grid-best per dataset: {gb}")
+    cov = rep.get("latency_coverage", {})
+    if cov.get("verify_ctx_outside", 0) > 0.05:
+        console.print(f"[yellow]note: {100 * cov['verify_ctx_outside']:.0f}% of roots have a context length outside "
+                      f"the latency profile's range (times are extrapolated flat): profile longer contexts[/yellow]")
+    for n in rep.get("notes", []) + ([rep["latency"]["note"]] if rep["latency"].get("note") else []):
+        console.print(f"note: {n}")
 
 
 def run_evaluate(args) -> int:

@@ -255,6 +255,24 @@ class LatencyModel:
         out["ops"]["policy"] = {"median_s": self.policy_s, "measured": bool(self.meta.get("has_policy", True))}
         return out
 
+    def coverage(self, context_len, widths=(), verify_sizes=()) -> dict:
+        """How much of a workload lies outside the measured ranges (where the model extrapolates flat)."""
+        c = np.asarray(context_len, np.float64)
+        out = {}
+        for name, surf in (("draft_step", self.draft), ("verify", self.verify), ("overhead", self.overhead)):
+            lo, hi = surf.levels[0], surf.levels[-1]
+            out[f"{name}_ctx_outside"] = float(np.mean((c < lo) | (c > hi))) if c.size else 0.0
+        out["ctx_range_logs"] = [float(c.min()), float(c.max())] if c.size else None
+        w = np.asarray(widths, np.float64)
+        if w.size:
+            out["widths_outside"] = sorted({int(x) for x in w if x < self.draft.points["x"].min()
+                                            or x > self.draft.points["x"].max()})
+        v = np.asarray(verify_sizes, np.float64)
+        if v.size:
+            out["verify_outside"] = sorted({int(x) for x in v if x < self.verify.points["x"].min()
+                                            or x > self.verify.points["x"].max()})
+        return out
+
     def plot(self, path: str | Path | None = None, contexts=None):
         """Measured points and the interpolated curves: verify vs V and draft vs W, per context level."""
         import matplotlib

@@ -22,7 +22,7 @@ Checkpoints: a directory with manifest.json + one torch state_dict file per comp
     {"format": "draftgym-policy", "version": 1, "name": ..., "method": "ltd" | "radar" | "resps",
      "components": {"depth"|"size"|"radar"|"shape": {
          "file": "depth.pt",
-         "net": {"type": "mlp", "in": 102, "hidden": [1024], "out": 2}   |
+         "net": {"type": "mlp", "in": 102, "hidden": [1024], "out": 2, "obs_norm": true}   |
                 {"type": "radar_lstm", "in": 10, "hidden": 128, "mlp_hidden": 128, "out": 2},
          "obs": {"name": "ltd_depth" | "ltd_size" | "radar" | "resps", "width": 10, "max_depth": 12, "dim": 102},
          "action": {"type": "stop_continue", "max_depth": 12} | {"type": "verify_size", "values": [20, ..]} |
@@ -137,7 +137,7 @@ def build_net(spec: dict):
     import torch.nn as nn
 
     if spec["type"] == "mlp":
-        layers, d = [], spec["in"]
+        layers, d = ([ObsNorm(spec["in"])] if spec.get("obs_norm") else []), spec["in"]
         for h in spec["hidden"]:
             layers += [nn.Linear(d, h), nn.ReLU()]
             d = h
@@ -146,6 +146,36 @@ def build_net(spec: dict):
     if spec["type"] == "radar_lstm":
         return RadarNet(spec["in"], spec.get("hidden", 128), spec.get("mlp_hidden", 128), spec.get("out", 2))
     raise DraftGymError(f"unknown net type {spec['type']!r}")
+
+
+def ObsNorm(n: int):
+    """Fixed input standardisation (x - mean) / std, with buffers saved in the state_dict; the
+    trainer sets them from observations of the training env before training (`set_obs_norm`)."""
+    import torch
+    import torch.nn as nn
+
+    class _ObsNorm(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.register_buffer("mean", torch.zeros(n))
+            self.register_buffer("std", torch.ones(n))
+
+        def forward(self, x):
+            return (x - self.mean) / self.std
+
+    return _ObsNorm(n)
+
+
+def set_obs_norm(net, observations: np.ndarray, min_std: float = 1e-2) -> None:
+    """Set an MLP's ObsNorm from a sample of observations [n, dim] (constant features: std 1)."""
+    import torch
+
+    layer = net[0]
+    m = observations.mean(0)
+    sd = observations.std(0)
+    sd = np.where(sd < min_std, 1.0, sd)
+    layer.mean.copy_(torch.from_numpy(m.astype(np.float32)))
+    layer.std.copy_(torch.from_numpy(sd.astype(np.float32)))
 
 
 def _radar_net_cls():
@@ -391,3 +421,74 @@ def load_policy(spec: str, logs=None, latency=None, fit_logs=None) -> Policy:
         raise DraftGymError(f"bad policy spec {spec!r}: {e}") from None
     raise DraftGymError(f"unknown policy {spec!r}: a checkpoint directory, or one of static:D,W,V, ddd[:thr], "
                         f"entropy[:theta], goodput, oracle[:static|depth], random[:seed]")
+
+
+# ------------------------------------------------------------------ online adapter
+
+class PolicyController:
+    """Runs a simulator `Policy` inside the online engine (a `pipeline.controller.Controller`, batch 1).
+
+    The hooks turn the engine's objects (CycleContext, DraftStep, DraftPool, CycleRecord) into the
+    same batched inputs the replay builds from the logs, so a policy sees identical observations
+    online and offline. Offline-only policies (the oracle) are refused.
+    """
+
+    def __new__(cls, policy: Policy, max_depth: int = 12):
+        from pipeline.controller import Controller
+
+        if getattr(policy, "offline_only", False):
+            raise DraftGymError(f"{policy.name} needs the logged future (offline only)")
+
+        class _PolicyController(Controller):
+            def __init__(self):
+                super().__init__()
+                self.policy, self.max_depth = policy, max_depth
+
+            def reset(self):
+                self.policy.reset(1, seed=0)
+                self.root = np.full(obs.RESPS_ROOT_K, np.nan, np.float32)
+                self.ctx_len = 0
+
+            def plan(self, ctx):
+                from pipeline.controller import TreeShape
+
+                last = ctx.last
+                g = lambda name: np.array([0 if last is None else int(getattr(last, name))])
+                self.ctx_len = ctx.context_len
+                sh = self.policy.plan(PlanBatch(
+                    env=np.array([0]), seq=np.array([0]), position=np.array([0]), cycle=np.array([ctx.cycle]),
+                    context_len=np.array([ctx.context_len]), has_last=np.array([last is not None]),
+                    last_depth=g("depth"), last_width=g("width"), last_verify=g("verify_size"),
+                    last_accepted=g("accepted"), last_emitted=g("emitted"), last_root_scores=self.root[None]))
+                return TreeShape(int(sh.depth[0]), int(sh.width[0]), int(sh.verify[0]))
+
+            def continue_drafting(self, step):
+                if not self.policy.uses_depth_hook:
+                    return True
+                W = step.width
+                pad = lambda x, n: np.concatenate([x, np.full(n - len(x), np.nan, np.float32)])
+                s = StepBatch(env=np.array([0]), depth=step.depth, width=W,
+                              beam_scores=obs.to_numpy(step.beam_scores)[None],
+                              candidate_scores=pad(obs.to_numpy(step.candidate_scores), W * W)[None],
+                              entropy=pad(obs.to_numpy(step.entropy), W)[None], context_len=np.array([step.context_len]))
+                return bool(np.asarray(self.policy.continue_drafting(s))[0])
+
+            def verify_size(self, pool, shape):
+                scores = obs.to_numpy(pool.scores[0])
+                W, D = pool.width, pool.depth
+                k = min(W, obs.RESPS_ROOT_K)
+                self.root = np.full(obs.RESPS_ROOT_K, np.nan, np.float32)
+                self.root[:k] = scores[:k]
+                if not self.policy.uses_size_hook:
+                    return shape.verify_size
+                lv = obs.sort_levels(obs.level_scores_from_pool(scores, W, D, self.max_depth), W)
+                p = PoolBatch(env=np.array([0]), depth=np.array([D]), width=W, level_scores=lv[None],
+                              context_len=np.array([self.ctx_len]))
+                return int(np.asarray(self.policy.verify_size(p, np.array([shape.verify_size])))[0])
+
+            def observe(self, record):
+                self.policy.observe(np.array([0]), {k: np.array([getattr(record, k)]) for k in
+                                                    ("depth", "width", "verify_size", "accepted", "emitted",
+                                                     "context_len", "t_cycle")})
+
+        return _PolicyController()

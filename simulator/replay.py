@@ -169,7 +169,7 @@ def simulate(policy, logs: ReplayLogs, latency: LatencyModel, seed: int = 0, max
             for k, v in (("seq", env), ("position", p[env]), ("depth", D), ("width", W), ("verify", t["verify_eff"]),
                          ("accepted", L), ("emitted", emitted), ("t_cycle", t["t_cycle"])):
                 tr[k].append(np.asarray(v).copy())
-        policy.observe(env, {"depth": D, "width": W, "verify": t["verify_eff"], "accepted": L, "emitted": emitted,
+        policy.observe(env, {"depth": D, "width": W, "verify_size": t["verify_eff"], "accepted": L, "emitted": emitted,
                              "context_len": ctx, "t_cycle": t["t_cycle"]})
         for Wv in np.unique(W):
             m = W == Wv

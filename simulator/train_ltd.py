@@ -1,0 +1,163 @@
+"""LTD (seeds/000): a depth policy and a size policy trained with PPO in the replay simulator,
+then co-adapted.
+
+Policies (LTD Appendix A.2/A.3):
+    depth  pi_D: obs `ltd_depth_obs` (W*W + 2), STOP/CONTINUE after each draft forward, D <= 12.
+           Actor MLP [1024], critic MLP [1024, 256], gamma 0.999. One depth episode is one draft
+           phase (reward (L+1)/t_cycle at the stop, 0 before): PPO boundary "cycle".
+    size   pi_V: obs `ltd_size_obs` (W + 11 W^2 + 2), 12 actions -> V = 20..240.
+           Actor and critic MLP [1024, 256]. One step per cycle, reward (L+1)/t_cycle; we train it
+           as a contextual bandit (boundary "step", gamma then has no effect): LTD's gamma = 0.9
+           over consecutive cycles would sum per-cycle throughputs, which favours short cycles.
+    shared PPO: 2048-step rollouts, minibatch 256, 20 epochs, entropy 0.01, lr 1e-3 with a 1 %
+           warm-up then linear decay (simulator/ppo.py).
+
+Co-adaptation (LTD Sec. 4): Iter0 trains both independently (depth with V = 60; size with D
+drawn uniformly from 1..12), Iter1 retrains size against the Iter0 depth policy, Iter2 depth
+against the Iter1 size policy, Iter3 size against the Iter2 depth policy. Each phase continues
+from the previous weights and keeps the checkpoint with the best validation tokens/s (replay of
+whole val sequences with both policies in the loop, policy-call cost included); the saved policy
+is the best validated (depth, size) pair over the co-adapted phases.
+Step budgets default to 200k (depth) and 50k (size) per phase (the paper: 1M / 100k on GPUs).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from simulator import observations as obs
+from simulator.env import ReplayEnv
+from simulator.policy import LTDPolicy, save_policy
+from simulator.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
+from simulator.train_common import (TrainData, finish, greedy, load_training_data, logs_info, reference_speeds,
+                                    replay_tokens_per_s)
+
+
+@dataclass
+class LTDConfig:
+    width: int = 10
+    max_depth: int = 12
+    verify_size: int = 60                   # V while the depth policy trains alone (Iter0)
+    fixed_depth: int = 8                    # D while the size policy is validated alone (Iter0)
+    depth_steps: int = 200_000
+    size_steps: int = 50_000
+    iters: tuple[int, ...] = (0, 1, 2, 3)
+    seed: int = 0
+    depth_ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
+        gamma=0.999, actor_hidden=(1024,), critic_hidden=(1024, 256), boundary="cycle"))
+    size_ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
+        gamma=0.9, actor_hidden=(1024, 256), critic_hidden=(1024, 256), boundary="step"))
+
+
+def _size_values_fn(net):
+    g = greedy(net)
+    return lambda o: np.asarray(obs.SIZE_ACTIONS)[g(o)]
+
+
+def _continue_fn(net):
+    g = greedy(net)
+    return lambda o: g(o) == 1
+
+
+def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
+    lat, W = data.latency, cfg.width
+    depth = {"actor": None, "critic": None}
+    size = {"actor": None, "critic": None}
+    history: list[dict] = []
+    results = {}
+    best = {"val": -np.inf, "depth": None, "size": None, "phase": None}   # best validated pair (Iter1..3)
+
+    def keep_best(tag):
+        if depth["actor"] is not None and size["actor"] is not None and results[tag] > best["val"]:
+            best.update(val=results[tag], depth=depth["actor"], size=size["actor"], phase=tag)
+
+    def policy(d=None, s=None):
+        return LTDPolicy(d, s, width=W, max_depth=cfg.max_depth, verify_size=cfg.verify_size,
+                         fixed_depth=cfg.fixed_depth)
+
+    def run_depth(tag, size_actor):
+        env = ReplayEnv(data.train, lat, "depth", n_envs=cfg.depth_ppo.n_envs, width=W, max_depth=cfg.max_depth,
+                        verify_size=cfg.verify_size, seed=cfg.seed,
+                        size_policy=None if size_actor is None else _size_values_fn(size_actor))
+        pc = replace(cfg.depth_ppo, total_steps=cfg.depth_steps, seed=cfg.seed)
+        r = ppo_train(env, pc, depth["actor"], depth["critic"],
+                      validate=lambda a: replay_tokens_per_s(policy(a, size_actor), data.val, lat),
+                      desc=f"LTD {tag}", progress=progress, history=history, phase=tag)
+        depth.update(actor=r["best_actor"], critic=r["critic"])
+        results[tag] = r["best_val"]
+        keep_best(tag)
+
+    def run_size(tag, depth_actor):
+        env = ReplayEnv(data.train, lat, "size", n_envs=cfg.size_ppo.n_envs, width=W, max_depth=cfg.max_depth,
+                        seed=cfg.seed + 1, depth_policy=None if depth_actor is None else _continue_fn(depth_actor))
+        pc = replace(cfg.size_ppo, total_steps=cfg.size_steps, seed=cfg.seed + 1)
+        r = ppo_train(env, pc, size["actor"], size["critic"],
+                      validate=lambda a: replay_tokens_per_s(policy(depth_actor, a), data.val, lat),
+                      desc=f"LTD {tag}", progress=progress, history=history, phase=tag)
+        size.update(actor=r["best_actor"], critic=r["critic"])
+        results[tag] = r["best_val"]
+        if depth_actor is not None:                  # Iter0's size alone is validated at a fixed depth
+            keep_best(tag)
+
+    for it in cfg.iters:
+        if it == 0:
+            run_depth("iter0-depth", None)
+            run_size("iter0-size", None)
+        elif it in (1, 3):
+            run_size(f"iter{it}-size", depth["actor"])
+        elif it == 2:
+            run_depth("iter2-depth", size["actor"])
+        else:
+            raise ValueError(f"LTD iterations are 0..3, got {it}")
+    if best["phase"] is not None:                    # the best co-adapted pair (LTD keeps the best checkpoint)
+        depth["actor"], size["actor"] = best["depth"], best["size"]
+    final = policy(depth["actor"], size["actor"])
+    results["final"] = replay_tokens_per_s(final, data.val, lat)
+    return {"depth": depth["actor"], "size": size["actor"], "history": history, "val": results,
+            "final_phase": best["phase"] or (f"iter{cfg.iters[-1]}" if cfg.iters else None)}
+
+
+def save_ltd(out, name: str, depth_net, size_net, cfg: LTDConfig, training: dict):
+    comps = {}
+    if depth_net is not None:
+        comps["depth"] = {"module": depth_net,
+                          "net": mlp_spec(obs.ltd_depth_obs_dim(cfg.width), cfg.depth_ppo.actor_hidden, 2),
+                          "obs": {"name": "ltd_depth", "width": cfg.width, "dim": obs.ltd_depth_obs_dim(cfg.width)},
+                          "action": {"type": "stop_continue", "max_depth": cfg.max_depth}}
+    if size_net is not None:
+        dim = obs.ltd_size_obs_dim(cfg.width, cfg.max_depth)
+        comps["size"] = {"module": size_net, "net": mlp_spec(dim, cfg.size_ppo.actor_hidden, len(obs.SIZE_ACTIONS)),
+                         "obs": {"name": "ltd_size", "width": cfg.width, "max_depth": cfg.max_depth, "dim": dim},
+                         "action": {"type": "verify_size", "values": list(obs.SIZE_ACTIONS)}}
+    return save_policy(out, name, "ltd", comps, {"width": cfg.width, "max_depth": cfg.max_depth,
+                                                 "verify_size": cfg.verify_size, "depth": cfg.fixed_depth}, training)
+
+
+def run_cli(args) -> int:
+    from pathlib import Path
+
+    t0 = time.perf_counter()
+    data = load_training_data(args.logs, args.model, args.temperature, args.dataset, args.split, args.width,
+                              profile=args.profile, latency_root=args.latency)
+    cfg = LTDConfig(width=data.train.width, seed=args.seed)
+    if args.steps:
+        cfg = replace(cfg, depth_steps=args.steps, size_steps=max(2048, args.steps // 4))
+    if args.iters:
+        cfg = replace(cfg, iters=tuple(int(x) for x in args.iters.split(",")))
+    if args.n_envs:
+        cfg = replace(cfg, depth_ppo=replace(cfg.depth_ppo, n_envs=args.n_envs),
+                      size_ppo=replace(cfg.size_ppo, n_envs=args.n_envs))
+    res = train_ltd(data, cfg, progress=not args.no_progress)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_history(res["history"], out / "training_curve.png", f"LTD on {data.train.model} (replay)")
+    summary = {"method": "ltd", "out": str(out), "val_tokens_per_s": res["val"]["final"], "val_by_phase": res["val"],
+               "final_phase": res["final_phase"],
+               "reference": reference_speeds(data.val, data.latency), "config": asdict(cfg),
+               "logs": logs_info(data, args.logs), "curve": str(out / "training_curve.png"),
+               "history": res["history"], "wall_s": time.perf_counter() - t0}
+    save_ltd(out, out.name, res["depth"], res["size"], cfg,
+             {k: v for k, v in summary.items() if k != "history"})
+    return finish(out, summary, args.json)

@@ -1,0 +1,75 @@
+"""Re-SpS (seeds/001): PPO picks a tree shape (V, D, W), held for N cycles.
+
+Actions: Re-SpS's (V in {32..128}, D in {3..8}, W in {8..32}) with V <= W^(D-1), V snapped to
+the logged grid and W restricted to the logged widths (`env.resps_shapes`).
+State: the probability-feature variant `resps_obs` (documented in observations.py; the paper
+uses target hidden states). Reward: mean cycle throughput (L+1)/t_cycle over the held cycles,
+with the policy call charged to the first (our reward includes the draft cost, which the
+paper's timed window left out). Held N = 10 cycles in training, 30 at inference (manifest).
+Each step is one decision; we treat it as a contextual bandit (PPO boundary "step"), episodes
+are whole sequences so states come from real trajectories.
+PPO as the paper's manual PPO: 4 epochs, minibatch 32, clip 0.2, entropy 0.1, lr 3e-4;
+actor/critic MLP [128, 128].
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+
+from simulator import observations as obs
+from simulator.env import ReplayEnv, resps_shapes
+from simulator.policy import ShapePolicy, save_policy
+from simulator.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
+from simulator.train_common import TrainData, finish, load_training_data, logs_info, reference_speeds, \
+    replay_tokens_per_s
+
+
+@dataclass
+class ResSpSConfig:
+    hold_train: int = 10
+    hold_infer: int = 30
+    steps: int = 30_000                  # decisions (each = hold_train cycles)
+    seed: int = 0
+    ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
+        n_envs=64, n_steps=32, minibatch=32, epochs=4, clip=0.2, ent_coef=0.1, lr=3e-4, warmup_frac=0.0,
+        gamma=0.0, actor_hidden=(128, 128), critic_hidden=(128, 128), boundary="step", eval_every=5))
+
+
+def train_resps(data: TrainData, cfg: ResSpSConfig, progress: bool = True) -> dict:
+    lat = data.latency
+    shapes = resps_shapes(data.train)
+    env = ReplayEnv(data.train, lat, "shape", n_envs=cfg.ppo.n_envs, hold_cycles=cfg.hold_train,
+                    shapes=tuple(map(tuple, shapes.tolist())), seed=cfg.seed)
+    pc = replace(cfg.ppo, total_steps=cfg.steps, seed=cfg.seed)
+    pol = lambda a: ShapePolicy(a, shapes, hold=cfg.hold_infer, max_depth=data.train.max_depth)
+    r = ppo_train(env, pc, validate=lambda a: replay_tokens_per_s(pol(a), data.val, lat), desc="Re-SpS",
+                  progress=progress, phase="resps")
+    return {"net": r["best_actor"], "shapes": shapes, "history": r["history"], "val": r["best_val"]}
+
+
+def run_cli(args) -> int:
+    from pathlib import Path
+
+    t0 = time.perf_counter()
+    data = load_training_data(args.logs, args.model, args.temperature, args.dataset, args.split, args.width,
+                              widths="all", profile=args.profile, latency_root=args.latency)
+    cfg = ResSpSConfig(seed=args.seed)
+    if args.steps:
+        cfg = replace(cfg, steps=args.steps)
+    if args.n_envs:
+        cfg = replace(cfg, ppo=replace(cfg.ppo, n_envs=args.n_envs))
+    res = train_resps(data, cfg, progress=not args.no_progress)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_history(res["history"], out / "training_curve.png", f"Re-SpS on {data.train.model} (replay)")
+    summary = {"method": "resps", "out": str(out), "val_tokens_per_s": res["val"],
+               "reference": reference_speeds(data.val, data.latency), "config": asdict(cfg),
+               "shapes": res["shapes"].tolist(), "logs": logs_info(data, args.logs),
+               "curve": str(out / "training_curve.png"), "history": res["history"], "wall_s": time.perf_counter() - t0}
+    save_policy(out, out.name, "resps", {"shape": {
+        "module": res["net"], "net": mlp_spec(obs.RESPS_DIM, cfg.ppo.actor_hidden, len(res["shapes"])),
+        "obs": {"name": "resps", "dim": obs.RESPS_DIM, "max_depth": data.train.max_depth},
+        "action": {"type": "shape", "shapes": res["shapes"].tolist(), "hold": cfg.hold_infer}}},
+        {"max_depth": data.train.max_depth}, {k: v for k, v in summary.items() if k != "history"})
+    return finish(out, summary, args.json)

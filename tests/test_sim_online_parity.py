@@ -1,0 +1,106 @@
+"""Sim == real for policies: the online engine with a policy in the loop (PolicyController) makes
+the same decisions, cycle by cycle, as the replay of that policy over the collected logs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.collect import CollectConfig, collect_prompt
+from pipeline.engine import Engine
+from pipeline.errors import DraftGymError
+from pipeline.head import random_head
+from simulator import baselines as B
+from simulator.latency import LatencyModel
+from simulator.logs import load_logs
+from simulator.observations import RESPS_DIM, ltd_depth_obs_dim, ltd_size_obs_dim
+from simulator.policy import LTDPolicy, PolicyController, RadarPolicy, ShapePolicy, build_net
+from simulator.replay import simulate
+from simulator.synthetic import write_positions, write_sequences
+from tests.conftest import make_tiny_llama
+
+GRID = (1, 2, 4, 8, 10, 20, 30)
+VOCAB, W, DMAX, T = 6, 3, 6, 40          # a 6-token target: a random head's top-3 is accepted often
+
+
+def _net(spec, seed):
+    """A random net with its last bias zeroed, so its argmax depends on the input, not on the bias."""
+    torch.manual_seed(seed)
+    net = build_net(spec).eval()
+    with torch.no_grad():
+        [m for m in net.modules() if isinstance(m, torch.nn.Linear)][-1].bias.zero_()
+    return net
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parity")
+    model = make_tiny_llama(vocab=VOCAB, hidden=16, seed=0)
+    head = random_head(model, seed=0)
+    eng = Engine(model, head)
+    cfg = CollectConfig(max_new_tokens=T, widths=(W,), max_depth=DMAX, verify_grid=GRID, position_batch=8)
+    rows, prompts = [], []
+    for s in range(3):
+        prompt = torch.randint(0, VOCAB, (5,), generator=torch.Generator().manual_seed(s)).tolist()
+        log = collect_prompt(eng, head, prompt, cfg)
+        c = log.positions[W]
+        n = len(c["position"])
+        write_positions(root, "tiny", "parity", 0.0, W, [f"p{s}"] * n, c["position"], c["context_len"],
+                        c["acceptance"].reshape(n, DMAX, len(GRID)), c["beam_scores"], c["candidate_scores"],
+                        c["entropy"], name=f"p{s}")
+        rows.append({"prompt_id": f"p{s}", "split": "test", "prompt_tokens": prompt, "output_tokens": log.output_tokens,
+                     "new_tokens": log.new_tokens, "widths": [W], "max_depth": DMAX, "verify_grid": list(GRID)})
+        prompts.append(prompt)
+    write_sequences(root, "tiny", "parity", 0.0, rows)
+    return eng, load_logs(root), prompts
+
+
+def _policies(logs):
+    """Policies whose decisions vary on these logs: thresholds at the data's medians, nets with fitted
+    input standardisation (seeds picked so the random nets' decisions vary: LTD D in 2..5, V in 1..30)."""
+    from simulator.observations import best_beam_entropy, best_beam_score, ltd_depth_obs, ltd_size_obs, resps_obs
+    from simulator.policy import set_obs_norm
+
+    wa = logs.w[W]
+    ddd_thr = float(np.median(best_beam_score(wa.beam_scores[:, 1])))
+    theta = float(np.sqrt(0.15 * max(np.median(best_beam_entropy(wa.entropy[:, 1])), 0.3)))
+    D = np.random.default_rng(0).integers(1, DMAX + 1, logs.n_positions)
+    d_obs = np.concatenate([ltd_depth_obs(wa.candidate_scores[:, d], d + 1, logs.context_len, W) for d in range(3)])
+    s_obs = ltd_size_obs(wa.candidate_scores, D, logs.context_len, W, DMAX)
+    r_obs = resps_obs(wa.candidate_scores[:, 0, :W], logs.acceptance[:, 2, 3], D, 10, W, 2, logs.context_len, 1, DMAX)
+    depth = _net({"type": "mlp", "in": ltd_depth_obs_dim(W), "hidden": [16], "out": 2, "obs_norm": True}, 9)
+    size = _net({"type": "mlp", "in": ltd_size_obs_dim(W, DMAX), "hidden": [16], "out": 7, "obs_norm": True}, 109)
+    shapes = np.array([(v, d, W) for v in (4, 10, 30) for d in (2, 3, 5)])
+    shape = _net({"type": "mlp", "in": RESPS_DIM, "hidden": [16], "out": len(shapes), "obs_norm": True}, 3)
+    for net, o in ((depth, d_obs), (size, s_obs), (shape, r_obs)):
+        set_obs_norm(net, o)
+    radar = _net({"type": "radar_lstm", "in": W, "hidden": 8, "mlp_hidden": 8, "out": 2}, 9)   # stops at call 3
+    return [B.StaticPolicy(5, W, 20), B.DDDPolicy(threshold=ddd_thr, checkpoints=(2, 3, 4), width=W, verify=30, max_depth=DMAX),
+            B.EntropyStopPolicy(theta=theta, width=W, verify=30, max_depth=DMAX), B.GoodputPolicy.fit(logs, LAT, width=W, verify=30),
+            LTDPolicy(depth, size, width=W, max_depth=DMAX, size_values=GRID),
+            RadarPolicy(radar, width=W, verify_size=30, max_calls=DMAX),
+            ShapePolicy(shape, shapes, hold=2, max_depth=DMAX)]
+
+
+LAT = LatencyModel.from_constants(draft_step=0.004, verify=0.03, verify_per_token=5e-4)
+
+
+def test_engine_with_policy_matches_replay(collected):
+    eng, logs, prompts = collected
+    total = 0
+    for pol in _policies(logs):
+        sim = simulate(pol, logs, LAT, trace=True).trace
+        for s, prompt in enumerate(prompts):
+            real = eng.generate(prompt, T, controller=PolicyController(pol, max_depth=DMAX))
+            m = sim["seq"] == s
+            got = [(c.depth, c.verify_size, c.accepted) for c in real.cycles]
+            want = list(zip(sim["depth"][m].tolist(), sim["verify"][m].tolist(), sim["accepted"][m].tolist()))
+            assert got == want, pol.name
+            total += len(got)
+    assert total > 100
+
+
+def test_oracle_is_offline_only(collected):
+    _, logs, _ = collected
+    with pytest.raises(DraftGymError, match="offline only"):
+        PolicyController(B.OraclePolicy(logs, LAT))

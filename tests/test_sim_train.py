@@ -1,0 +1,58 @@
+"""Trainers run end to end on tiny budgets and save checkpoints that load and replay."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+
+from online.cli import main
+from simulator.policy import load_checkpoint, read_manifest
+from simulator.ppo import PPOConfig
+from simulator.replay import simulate
+from simulator.train_common import load_training_data
+from tests.test_sim_fixtures import syn, syn_root  # noqa: F401
+
+TINY = dict(n_envs=32, n_steps=8, minibatch=64, epochs=2, eval_every=1)
+
+
+def test_ltd_coadaptation_tiny(syn_root, tmp_path):
+    from simulator.train_ltd import LTDConfig, save_ltd, train_ltd
+
+    data = load_training_data(syn_root)
+    cfg = LTDConfig(depth_steps=512, size_steps=256, iters=(0, 1, 2),
+                    depth_ppo=PPOConfig(gamma=0.999, actor_hidden=(16,), critic_hidden=(16,), boundary="cycle", **TINY),
+                    size_ppo=PPOConfig(gamma=0.9, actor_hidden=(16,), critic_hidden=(16,), boundary="step", **TINY))
+    res = train_ltd(data, cfg, progress=False)
+    assert set(res["val"]) == {"iter0-depth", "iter0-size", "iter1-size", "iter2-depth", "final"}
+    assert [h["phase"] for h in res["history"]][0] == "iter0-depth" and np.isfinite(res["val"]["final"])
+    out = save_ltd(tmp_path / "ltd", "ltd-tiny", res["depth"], res["size"], cfg, {"val": res["val"]})
+    pol = load_checkpoint(out)
+    assert pol.uses_depth_hook and pol.uses_size_hook
+    r = simulate(pol, data.val, data.latency)
+    assert r.summary()["tokens_per_s"] == res["val"]["final"]       # the saved policy is the validated one
+
+
+def test_radar_cli_tiny(syn_root, tmp_path, capsys):
+    out = tmp_path / "radar"
+    assert main(["train", "--method", "radar", "--logs", str(syn_root), "--out", str(out), "--steps", "8",
+                 "--n-envs", "16", "--no-progress", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["method"] == "radar" and (out / "training_curve.png").exists()
+    man = read_manifest(out)
+    assert man["method"] == "radar" and man["components"]["radar"]["net"]["hidden"] == 128
+    logs = load_training_data(syn_root).val
+    res = simulate(load_checkpoint(out), logs, load_training_data(syn_root).latency, trace=True)
+    assert res.trace["depth"].max() <= 8 and (res.trace["verify"] <= 60).all()
+
+
+def test_resps_tiny(syn_root, tmp_path):
+    from simulator.train_resps import ResSpSConfig, train_resps
+
+    data = load_training_data(syn_root, widths="all")
+    cfg = ResSpSConfig(steps=256, ppo=PPOConfig(gamma=0.0, actor_hidden=(16,), critic_hidden=(16,), boundary="step",
+                                                ent_coef=0.1, lr=3e-4, **TINY))
+    res = train_resps(data, cfg, progress=False)
+    assert np.isfinite(res["val"]) and len(res["shapes"]) > 0
+    assert {h["phase"] for h in res["history"]} == {"resps"}
+    assert replace(cfg).hold_infer == 30
