@@ -11,12 +11,15 @@ from pipeline.errors import DraftGymError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from online.validate import add_validate
     from pipeline import cli as pipeline_cli
+    from simulator import cli as simulator_cli
 
     parser = argparse.ArgumentParser(prog="draftgym", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     pipeline_cli.register(sub)
-    from simulator import cli as simulator_cli; simulator_cli.register(sub)  # noqa: E702
+    simulator_cli.register(sub)
+    add_validate(sub)
     return parser
 
 

@@ -1,0 +1,292 @@
+"""`draftgym validate`: policies in the loop on the real device, against AR, the static EAGLE-3
+default and the grid-best static config, with a sim-vs-real report.
+
+For each dataset (test split, first N prompts) and each run, every method decodes every prompt
+(methods interleaved per prompt; Spec-Bench timing, see `online.speedbench`). At T = 0 every
+output is checked against AR. Every cycle goes to `<out>/cycles/...parquet` (schema `cycles`).
+
+Metrics (definitions stated once):
+  tokens/s          new tokens / wall time per prompt (prefill included), mean over prompts, then
+                    mean +- std over runs
+  speedup vs X      tokens/s(method) / tokens/s(X), same prompts, same runs
+  tau               sum(emitted) / cycles (vLLM's mean acceptance length)
+  draft calls/cycle mean D actually drafted
+  controller %      sum(t_controller) / sum(wall)
+  sim-vs-real       the simulator replays the same policy on the logged sequences of the same
+                    prompts (same model, head, temperature) with the device's latency profile.
+                    Compared quantities are cycle-only: tau, and decode tokens/s =
+                    sum(emitted) / sum(t_cycle) per prompt (the simulator has no prefill).
+                    Error = (sim - real) / real.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from online.controllers import make_controller, policy_label
+from online.speedbench import run_methods, summarize
+from pipeline.controller import StaticController
+from pipeline.errors import DraftGymError
+from pipeline.schema import CYCLES, SCHEMA_VERSION, partition_dir, write_atomic, write_json_atomic
+
+STATIC_DEFAULT = (8, 10, 60)
+
+
+@dataclass
+class ValidateConfig:
+    model: str = "smollm2-135m"
+    head: str = "default"
+    policies: list[str] = field(default_factory=list)
+    datasets: list[str] = field(default_factory=lambda: ["mt-bench"])
+    split: str = "test"
+    n_prompts: int = 5
+    temperature: float = 0.0
+    runs: int = 3
+    max_new_tokens: int = 128
+    seed: int = 0
+    logs: str | None = "data/logs"       # for grid-best and sim-vs-real (None: skip both)
+    out: str = "data/reports/validate"
+    device: str | None = None
+
+
+def decode_tokens_per_s(res) -> float | None:
+    """Cycle-only throughput of one generation: sum(emitted) / sum(t_cycle)."""
+    t = sum(c.t_cycle for c in res.cycles)
+    return sum(c.emitted for c in res.cycles) / t if t > 0 else None
+
+
+def cycle_rows(run_id: str, method: str, prompt_id: str, run: int, res, device: str) -> list[dict]:
+    rows, p = [], 0
+    for i, c in enumerate(res.cycles):
+        rows.append({"schema_version": SCHEMA_VERSION, "run_id": run_id, "method": method, "prompt_id": prompt_id,
+                     "run": run, "cycle": i, "position": p, "context_len": c.context_len, "depth": c.depth,
+                     "width": c.width, "verify_size": c.verify_size, "accepted": c.accepted, "emitted": c.emitted,
+                     "t_draft": c.t_draft, "t_verify": c.t_verify, "t_controller": c.t_controller,
+                     "t_cycle": c.t_cycle, "device": device})
+        p += c.emitted
+    return rows
+
+
+def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
+    from pipeline.datasets import load_prompts
+    from pipeline.engine import Engine
+    from pipeline.fingerprint import device_name, environment_fingerprint
+    from pipeline.generate import load_head_for
+    from pipeline.target import encode_prompt, load_target
+
+    out = Path(cfg.out)
+    t_start = time.perf_counter()
+    # simulator side: logs, latency, grid-best configs, policies for replay
+    sim = None
+    if cfg.logs:
+        from simulator import baselines as B
+        from simulator.evaluate import pick_tune_split
+        from simulator.latency import LatencyModel
+        from simulator.logs import load_logs
+
+        logs = load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, widths="all")
+        lat = LatencyModel.from_logs(cfg.logs, model=logs.model)
+        tune = logs.select(pick_tune_split(logs, cfg.split, "auto"))
+        gs = B.grid_search(tune, lat)["by_dataset"]
+        sim = {"logs": logs, "lat": lat, "grid": {d: tuple(v["config"]) for d, v in gs.items()}}
+
+    target = load_target(cfg.model, device=cfg.device)
+    head = load_head_for(cfg.head, target.model, cfg.seed)
+    engine = Engine(target.model, head, target.eos_token_ids)
+    dev = device_name(target.device)
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    report = {"run_id": run_id, "config": asdict(cfg), "device": dev, "environment": environment_fingerprint(target.device),
+              "head_id": head.head_id, "datasets": {}, "command": " ".join(sys.argv)}
+    labels = [policy_label(p) for p in cfg.policies]
+    if len(set(labels)) != len(labels):
+        raise DraftGymError(f"policy names repeat: {labels}")
+
+    for ds in cfg.datasets:
+        recs = load_prompts(ds, split=cfg.split, n=cfg.n_prompts)
+        if not recs:
+            raise DraftGymError(f"no {cfg.split} prompts in {ds}")
+        prompts = [encode_prompt(target.tokenizer, list(r.messages)) for r in recs]
+        methods = {"ar": None, "static": StaticController(*STATIC_DEFAULT)}
+        if sim:
+            methods["grid-best"] = StaticController(*sim["grid"].get(ds, sim["grid"]["all"]))
+        for spec, label in zip(cfg.policies, labels):
+            methods[label] = make_controller(spec, logs=sim and sim["logs"], latency=sim and sim["lat"])
+        runs, failures = run_methods(engine, prompts, methods, cfg.max_new_tokens, cfg.temperature, cfg.runs,
+                                     cfg.seed, progress=progress)
+        rows = [row for name, m in runs.items() if name != "ar" for r, run in enumerate(m.results)
+                for rec, res in zip(recs, run) for row in cycle_rows(run_id, name, rec.prompt_id, r, res, dev)]
+        if rows:
+            path = partition_dir(out, "cycles", cfg.model, ds, cfg.temperature) / f"{run_id}.parquet"
+            write_atomic(pa.Table.from_pylist(rows, schema=CYCLES), path, "cycles")
+        summ = summarize(runs, baselines=("ar", "static") + (("grid-best",) if sim else ()))
+        for name, m in runs.items():
+            summ[name]["lossless_failures"] = sum(1 for f in failures if f[0] == name)
+            dec = [decode_tokens_per_s(res) for run in m.results for res in run]
+            dec = [d for d in dec if d is not None]
+            summ[name]["decode_tokens_per_s"] = statistics.mean(dec) if dec else None
+        entry = {"prompts": [r.prompt_id for r in recs], "methods": summ,
+                 "lossless": cfg.temperature > 0 or not failures, "lossless_checked": cfg.temperature <= 0}
+        if sim:
+            entry["grid_best"] = list(sim["grid"].get(ds, sim["grid"]["all"]))
+            entry["sim_vs_real"] = sim_vs_real(cfg, sim, recs, runs, labels)
+        report["datasets"][ds] = entry
+    report["wall_s"] = time.perf_counter() - t_start
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(report, out / "report.json")
+    write_markdown(report, out)
+    return report
+
+
+def sim_vs_real(cfg: ValidateConfig, sim: dict, recs, runs, labels) -> dict:
+    """Simulator predictions for the same prompts and policies vs the measured cycles."""
+    from simulator import baselines as B
+    from simulator.policy import load_policy
+    from simulator.replay import simulate
+
+    logs, lat = sim["logs"], sim["lat"]
+    ids = [r.prompt_id for r in recs]
+    keep = np.isin(logs.prompt_id, ids)
+    missing = sorted(set(ids) - set(logs.prompt_id[keep].tolist()))
+    if not keep.any():
+        return {"note": f"no logged sequences for these prompts in {cfg.logs} (collect them first)"}
+    ev = logs.subset(keep)
+    order = [ids.index(p) for p in ev.prompt_id.tolist()]         # log row -> prompt index
+    ds = recs[0].dataset
+    pols = {"static": B.StaticPolicy(*STATIC_DEFAULT), "grid-best": B.StaticPolicy(*sim["grid"].get(ds, sim["grid"]["all"]))}
+    for spec, label in zip(cfg.policies, labels):
+        pols[label] = load_policy(spec, logs=ev, latency=lat)
+    out = {"missing_prompts": missing, "methods": {}}
+    for name, pol in pols.items():
+        res = simulate(pol, ev, lat)
+        m = runs[name]
+        real_tau = m.tau(order)
+        real_dec = [statistics.mean(d for run in m.results if (d := decode_tokens_per_s(run[i])) is not None)
+                    for i in order]
+        sim_tau = float(res.tokens.sum() / max(res.cycles.sum(), 1))
+        sim_dec = res.tokens_per_s.tolist()
+        out["methods"][name] = {
+            "sim_tau": sim_tau, "real_tau": real_tau, "tau_rel_error": (sim_tau - real_tau) / real_tau if real_tau else None,
+            "sim_decode_tokens_per_s": float(np.mean(sim_dec)), "real_decode_tokens_per_s": float(np.mean(real_dec)),
+            "tokens_per_s_rel_error": float((np.mean(sim_dec) - np.mean(real_dec)) / np.mean(real_dec)),
+            "per_prompt": [{"prompt_id": ev.prompt_id[i], "sim": sim_dec[i], "real": real_dec[i]} for i in range(len(order))]}
+    return out
+
+
+def write_markdown(rep: dict, out: Path) -> None:
+    """report.md plus speedup.png and sim_vs_real.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg = rep["config"]
+    lines = [f"# DraftGym validation `{rep['run_id']}`", "",
+             f"- device: **{rep['device']}**; model `{cfg['model']}`, head `{rep['head_id']}`; T = {cfg['temperature']}; "
+             f"{cfg['runs']} runs x {cfg['n_prompts']} prompts per dataset ({cfg['split']} split), "
+             f"{cfg['max_new_tokens']} new tokens",
+             f"- torch {rep['environment']['torch']}, transformers {rep['environment']['transformers']}; wall {rep['wall_s']:.0f} s",
+             ""]
+    fig, axes = plt.subplots(1, len(rep["datasets"]), figsize=(5 * len(rep["datasets"]), 3.6), squeeze=False)
+    for ax, (ds, e) in zip(axes[0], rep["datasets"].items()):
+        lines += [f"## {ds}", "", f"lossless: **{'yes' if e['lossless'] else 'NO'}**"
+                  + ("" if e["lossless_checked"] else " (T > 0: not checked token by token)")
+                  + (f"; grid-best static (D, W, V) = {tuple(e['grid_best'])}" if "grid_best" in e else ""), "",
+                  "| method | tokens/s (mean ± std over runs) | x AR | x static | x grid-best | tau | draft calls/cycle | controller % |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, s in e["methods"].items():
+            f = lambda k, fmt="{:.2f}": fmt.format(s[k]) if s.get(k) is not None else "-"
+            lines.append(f"| {name} | {s['tokens_per_s']:.2f} ± {s['tokens_per_s_std']:.2f} | {f('speedup_vs_ar')} | "
+                         f"{f('speedup_vs_static')} | {f('speedup_vs_grid-best')} | {f('tau')} | "
+                         f"{f('draft_calls_per_cycle')} | {100 * s['controller_share']:.2f} |")
+        names = list(e["methods"])
+        ax.bar(names, [e["methods"][n]["speedup_vs_ar"] for n in names], color="tab:blue")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_title(f"{ds}: speedup vs AR")
+        ax.tick_params(axis="x", rotation=45)
+        svr = e.get("sim_vs_real", {})
+        if svr.get("methods"):
+            lines += ["", "Sim vs real (cycle-only quantities; error = (sim - real) / real):", "",
+                      "| method | tau sim | tau real | tau error | decode tok/s sim | decode tok/s real | tok/s error |",
+                      "|---|---|---|---|---|---|---|"]
+            for name, s in svr["methods"].items():
+                lines.append(f"| {name} | {s['sim_tau']:.3f} | {s['real_tau']:.3f} | {100 * s['tau_rel_error']:+.1f}% | "
+                             f"{s['sim_decode_tokens_per_s']:.2f} | {s['real_decode_tokens_per_s']:.2f} | "
+                             f"{100 * s['tokens_per_s_rel_error']:+.1f}% |")
+            if svr.get("missing_prompts"):
+                lines.append(f"\n(not in the logs, left out of sim-vs-real: {', '.join(svr['missing_prompts'])})")
+        elif svr.get("note"):
+            lines += ["", f"sim-vs-real: {svr['note']}"]
+        lines.append("")
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=110)
+    plt.close(fig)
+    pts = [(s["sim"], s["real"], name) for e in rep["datasets"].values()
+           for name, m in e.get("sim_vs_real", {}).get("methods", {}).items() for s in m["per_prompt"]]
+    if pts:
+        fig, ax = plt.subplots(figsize=(4.5, 4.2))
+        for name in sorted({p[2] for p in pts}):
+            xs = [p for p in pts if p[2] == name]
+            ax.scatter([p[1] for p in xs], [p[0] for p in xs], label=name, s=18)
+        lim = max(max(p[0], p[1]) for p in pts) * 1.1
+        ax.plot([0, lim], [0, lim], "k--", lw=0.8)
+        ax.set_xlabel("measured decode tokens/s")
+        ax.set_ylabel("simulated decode tokens/s")
+        ax.legend(fontsize=7)
+        ax.set_title("sim vs real, per prompt")
+        fig.tight_layout()
+        fig.savefig(out / "sim_vs_real.png", dpi=110)
+        plt.close(fig)
+        lines += ["![sim vs real](sim_vs_real.png)", ""]
+    lines.insert(5, "![speedup](speedup.png)\n")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def add_validate(sub) -> None:
+    p = sub.add_parser("validate", help="run policies in the loop on this device; speedup, lossless, sim-vs-real report")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--head", default="default")
+    p.add_argument("--policy", action="append", default=[], help="checkpoint dir or built-in spec (repeatable)")
+    p.add_argument("--dataset", default="mt-bench", help="comma-separated datasets")
+    p.add_argument("--split", default="test")
+    p.add_argument("--n-prompts", type=int, default=5)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--logs", default="data/logs", help="logs for grid-best + sim-vs-real ('' to skip)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default="data/reports/validate")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_validate_cli)
+
+
+def _run_validate_cli(args) -> int:
+    if args.temperature < 0:
+        raise DraftGymError(f"temperature must be >= 0, got {args.temperature}")
+    if args.runs < 1 or args.n_prompts < 1:
+        raise DraftGymError("--runs and --n-prompts must be >= 1")
+    for spec in args.policy:
+        if not spec.startswith(("static:", "ddd", "entropy", "goodput", "random", "oracle")) and not Path(spec).is_dir():
+            raise DraftGymError(f"policy not found: {spec} (a directory from `draftgym train`, or a built-in spec)")
+    if args.logs and not Path(args.logs).is_dir():
+        raise DraftGymError(f"logs directory not found: {args.logs} (pass --logs '' to skip grid-best and sim-vs-real)")
+    cfg = ValidateConfig(model=args.model, head=args.head, policies=args.policy, datasets=args.dataset.split(","),
+                         split=args.split, n_prompts=args.n_prompts, temperature=args.temperature, runs=args.runs,
+                         max_new_tokens=args.max_new_tokens, seed=args.seed, logs=args.logs or None, out=args.out,
+                         device=args.device)
+    rep = run_validate(cfg)
+    if args.json:
+        print(json.dumps(rep, default=str))
+    else:
+        print((Path(cfg.out) / "report.md").read_text())
+        print(f"report: {Path(cfg.out) / 'report.md'}")
+    ok = all(e["lossless"] for e in rep["datasets"].values())
+    return 0 if ok else 1
