@@ -176,8 +176,21 @@ def sim_vs_real(cfg: ValidateConfig, sim: dict, recs, runs, labels) -> dict:
             "sim_tau": sim_tau, "real_tau": real_tau, "tau_rel_error": (sim_tau - real_tau) / real_tau if real_tau else None,
             "sim_decode_tokens_per_s": float(np.mean(sim_dec)), "real_decode_tokens_per_s": float(np.mean(real_dec)),
             "tokens_per_s_rel_error": float((np.mean(sim_dec) - np.mean(real_dec)) / np.mean(real_dec)),
-            "per_prompt": [{"prompt_id": ev.prompt_id[i], "sim": sim_dec[i], "real": real_dec[i]} for i in range(len(order))]}
+            "per_prompt": [{"prompt_id": ev.prompt_id[i], "sim": sim_dec[i], "real": real_dec[i]} for i in range(len(order))],
+            "per_cycle_ms": per_cycle_components(res, m, order)}
     return out
+
+
+def per_cycle_components(res, m, order) -> dict:
+    """Mean per-cycle time components (ms), simulated vs measured: where a tokens/s error comes from."""
+    cyc = [c for run in m.results for i in order for c in run[i].cycles]
+    n_sim = max(int(res.cycles.sum()), 1)
+    real = {"draft": np.mean([c.t_draft for c in cyc]), "verify": np.mean([c.t_verify for c in cyc]),
+            "policy": np.mean([c.t_controller for c in cyc]),
+            "overhead": np.mean([c.t_cycle - c.t_draft - c.t_verify - c.t_controller for c in cyc])} if cyc else {}
+    simc = {k: float(res.components[f"t_{k}"].sum() / n_sim) for k in ("draft", "verify", "policy", "overhead")
+            if f"t_{k}" in res.components}
+    return {"sim": {k: 1e3 * v for k, v in simc.items()}, "real": {k: 1e3 * float(v) for k, v in real.items()}}
 
 
 def write_markdown(rep: dict, out: Path) -> None:
@@ -220,6 +233,13 @@ def write_markdown(rep: dict, out: Path) -> None:
                 lines.append(f"| {name} | {s['sim_tau']:.3f} | {s['real_tau']:.3f} | {100 * s['tau_rel_error']:+.1f}% | "
                              f"{s['sim_decode_tokens_per_s']:.2f} | {s['real_decode_tokens_per_s']:.2f} | "
                              f"{100 * s['tokens_per_s_rel_error']:+.1f}% |")
+            lines += ["", "Per-cycle time components, ms (sim / real):", "",
+                      "| method | draft | verify | policy | overhead |", "|---|---|---|---|---|"]
+            for name, s in svr["methods"].items():
+                c = s["per_cycle_ms"]
+                lines.append(f"| {name} | " + " | ".join(
+                    f"{c['sim'].get(k, float('nan')):.1f} / {c['real'].get(k, float('nan')):.1f}"
+                    for k in ("draft", "verify", "policy", "overhead")) + " |")
             if svr.get("missing_prompts"):
                 lines.append(f"\n(not in the logs, left out of sim-vs-real: {', '.join(svr['missing_prompts'])})")
         elif svr.get("note"):

@@ -157,6 +157,11 @@ class Engine:
         seq = list(prompt_ids) + out
         draft_kv = DraftKV()
         pending_feat = head.fuse(hs)                     # [1, n, H]: entries (f_t, x_{t+1}) not yet in draft_kv
+        if n > 1:  # head prefill: entries 0..n-2 now, so every cycle's first forward reads only new entries
+            _, _, kv0 = head(torch.tensor([prompt_ids[1:]], device=dev), pending_feat[:, : n - 1],
+                             torch.arange(n - 1, device=dev))
+            draft_kv.append(kv0)
+            pending_feat = pending_feat[:, n - 1 :]
         sync(dev)
         res.prefill_s = time.perf_counter() - t0
         out, stop = self._finish(out, max_new_tokens)

@@ -25,7 +25,7 @@ from pipeline.latency import draft_op, time_op, verify_op
 from pipeline.schema import LATENCY, SCHEMA_VERSION, partition_dir, write_atomic
 
 DEFAULT_VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 60, 100, 160, 240)
-DEFAULT_CONTEXTS = (64, 256, 768)
+DEFAULT_CONTEXTS = (32, 128, 512)
 
 
 def policy_op(obs_dim: int = 102, hidden: int = 64, device="cpu"):
