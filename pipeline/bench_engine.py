@@ -32,7 +32,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--head", default="random")
     ap.add_argument("--dataset", default="mt-bench")
+    ap.add_argument("--split", default=None, help="train | val | test (default: the file's first prompts)")
     ap.add_argument("--n-prompts", type=int, default=10)
+    ap.add_argument("--skip-ops", action="store_true", help="skip the per-op timings")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--configs", default="8,10,60", help="semicolon-separated D,W,V triples")
     ap.add_argument("--op-context", type=int, default=256, help="context length for the per-op timings")
@@ -44,7 +46,7 @@ def main(argv=None) -> int:
     head = load_head_for(args.head, target.model)
     eng = Engine(target.model, head, target.eos_token_ids)
     dev = target.device
-    prompts = load_prompts(args.dataset, n=args.n_prompts)
+    prompts = load_prompts(args.dataset, split=args.split, n=args.n_prompts)
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
     report = {"command": " ".join(["python -m pipeline.bench_engine"] + (argv or sys.argv[1:])),
               "date": time.strftime("%Y-%m-%d"), "environment": environment_fingerprint(dev),
@@ -52,9 +54,11 @@ def main(argv=None) -> int:
               "max_new_tokens": args.max_new_tokens}
 
     # per-op times
-    ops = {"draft_forward_W10": time_op(draft_op(head, 10, args.op_context), dev, repeats=args.repeats)}
-    for V in (1, 16, 60, 240):
-        ops[f"verify_V{V}"] = time_op(verify_op(target.model, V, args.op_context), dev, repeats=args.repeats)
+    ops = {}
+    if not args.skip_ops:
+        ops["draft_forward_W10"] = time_op(draft_op(head, 10, args.op_context), dev, repeats=args.repeats)
+        for V in (1, 16, 60, 240):
+            ops[f"verify_V{V}"] = time_op(verify_op(target.model, V, args.op_context), dev, repeats=args.repeats)
     report["ops_context_len"] = args.op_context
     report["ops"] = ops
 
@@ -74,7 +78,8 @@ def main(argv=None) -> int:
             c = sp.cycles
             rows[f"eagle3 D={D} W={W} V={V}"].append({
                 "tokens_per_s": sp.tokens_per_s, "tau": sp.tau, "new_tokens": sp.new_tokens,
-                "t_draft": sum(x.t_draft for x in c) / len(c), "t_verify": sum(x.t_verify for x in c) / len(c)})
+                "t_draft": sum(x.t_draft for x in c) / len(c), "t_verify": sum(x.t_verify for x in c) / len(c),
+                "accepted": [x.accepted for x in c]})
     ar_tps = statistics.mean(r["tokens_per_s"] for r in rows["ar"])
     summary = {}
     for name, rs in rows.items():
@@ -83,6 +88,9 @@ def main(argv=None) -> int:
                          "tau": statistics.mean(r["tau"] for r in rs), "speedup_vs_ar": statistics.mean(tps) / ar_tps,
                          "new_tokens": sum(r["new_tokens"] for r in rs)}
         if name != "ar":
+            # vLLM's per-position acceptance rate: cycles whose draft token i was accepted / cycles
+            acc = [a for r in rs for a in r["accepted"]]
+            summary[name]["acceptance_rate_by_position"] = [sum(a >= i for a in acc) / len(acc) for i in range(1, 9)]
             summary[name]["t_draft_per_cycle"] = statistics.mean(r["t_draft"] for r in rs)
             summary[name]["t_verify_per_cycle"] = statistics.mean(r["t_verify"] for r in rs)
     report["summary"], report["lossless"] = summary, lossless
