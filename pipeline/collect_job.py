@@ -200,7 +200,8 @@ def run_collect(cfg: CollectConfig, out: str | Path, num_actors: int = 1, num_gp
             ray = init_ray()
             cpus = max(1.0, (os.cpu_count() or 1) / max(1, num_actors)) if not num_gpus else 1.0
             ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-                CollectorActor, batch_size=1, concurrency=num_actors, num_cpus=cpus, num_gpus=num_gpus,
+                CollectorActor, batch_size=1, compute=ray.data.ActorPoolStrategy(size=num_actors), num_cpus=cpus,
+                num_gpus=num_gpus,
                 fn_constructor_kwargs=dict(cfg_json=cfg.to_json(), out=str(out), env_json=env_json, device=device,
                                            fail_after=fail_after))
             for row in ds.iter_rows():
