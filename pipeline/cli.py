@@ -9,6 +9,19 @@ from __future__ import annotations
 import argparse
 
 
+def parse_positive_ints(s: str, name: str) -> tuple[int, ...]:
+    """'10,8,12' -> (10, 8, 12), with a one-line error for anything else."""
+    from pipeline.errors import DraftGymError
+
+    try:
+        v = tuple(int(x) for x in s.split(","))
+    except ValueError:
+        raise DraftGymError(f"{name} must be comma-separated integers, got {s!r}") from None
+    if any(x < 1 for x in v):
+        raise DraftGymError(f"{name} values must be >= 1")
+    return v
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from pipeline.collect_job import add_collect
     from pipeline.profile import add_profile

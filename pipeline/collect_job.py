@@ -248,12 +248,11 @@ def _run_collect_cli(args) -> int:
 
     if args.temperature < 0:
         raise DraftGymError(f"temperature must be >= 0, got {args.temperature}")
-    try:
-        widths = tuple(int(w) for w in args.widths.split(","))
-    except ValueError:
-        raise DraftGymError(f"--widths must be comma-separated integers, got {args.widths!r}") from None
-    if any(w < 1 for w in widths) or args.max_depth < 1:
-        raise DraftGymError("widths and --max-depth must be >= 1")
+    from pipeline.cli import parse_positive_ints
+
+    widths = parse_positive_ints(args.widths, "--widths")
+    if args.max_depth < 1:
+        raise DraftGymError("--max-depth must be >= 1")
     num_gpus = args.num_gpus if args.num_gpus is not None else (1.0 if torch.cuda.is_available() else 0.0)
     cfg = CollectConfig(model=args.model, head=args.head, dataset=args.dataset,
                         split=None if args.split == "all" else args.split, n_prompts=args.n_prompts,

@@ -107,22 +107,15 @@ def add_profile(sub) -> None:
     p.set_defaults(func=_run_profile_cli)
 
 
-def _ints(s: str, name: str) -> tuple[int, ...]:
-    try:
-        v = tuple(int(x) for x in s.split(","))
-    except ValueError:
-        raise DraftGymError(f"{name} must be comma-separated integers, got {s!r}") from None
-    if any(x < 1 for x in v):
-        raise DraftGymError(f"{name} values must be >= 1")
-    return v
-
-
 def _run_profile_cli(args) -> int:
+    from pipeline.cli import parse_positive_ints
+
     if args.head not in ("random", "default"):
         from pipeline.head import resolve_head_dir
         resolve_head_dir(args.head)
-    r = run_profile(args.model, args.head, args.out, widths=_ints(args.widths, "--widths"),
-                    verify_sizes=_ints(args.verify_sizes, "--verify-sizes"), contexts=_ints(args.contexts, "--contexts"),
+    r = run_profile(args.model, args.head, args.out, widths=parse_positive_ints(args.widths, "--widths"),
+                    verify_sizes=parse_positive_ints(args.verify_sizes, "--verify-sizes"),
+                    contexts=parse_positive_ints(args.contexts, "--contexts"),
                     repeats=args.repeats, device=args.device, dtype=args.dtype)
     print(json.dumps(r) if args.json else f"profiled {r['rows']} ops on {r['device']} -> {r['path']}")
     return 0
