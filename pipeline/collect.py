@@ -30,7 +30,7 @@ from pipeline.engine import Engine
 from pipeline.head import Eagle3Head
 from pipeline.schema import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID, SCHEMA_VERSION
 from pipeline.tree import rank_nodes, tree_from_nodes
-from pipeline.verify import crop_cache, target_forward
+from pipeline.verify import crop_cache, target_forward, tree_attention_mask
 
 
 @dataclass
@@ -152,12 +152,9 @@ def acceptance_dist(model, cache, pool, b: int, root_token: int, n: int, max_dep
         sel.append(order[order < n_D][: max(0, verify_size - 1)])
     union = torch.unique(torch.cat(sel))
     tree = tree_from_nodes(pool, b, root_token, union)
-    N = cache.get_seq_length()
-    allowed = torch.cat([torch.arange(N, device=tree.mask.device)[None, :].expand(tree.size, N) < n, tree.mask], 1)
-    dtype = next(model.parameters()).dtype
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
-    logits, _ = target_forward(model, tree.tokens[None], (n + tree.depths)[None], cache, mask[None, None],
-                               hidden_states=False)
+    N = cache.get_seq_length()                                          # the whole teacher-forced sequence
+    mask = tree_attention_mask(tree, N, next(model.parameters()).dtype, visible=n)
+    logits, _ = target_forward(model, tree.tokens[None], (n + tree.depths)[None], cache, mask, hidden_states=False)
     crop_cache(cache, N)
     probs = torch.softmax(logits / temperature, dim=-1)                 # [V_u, vocab]
     par = tree.parents.tolist()

@@ -17,10 +17,13 @@ import torch
 from pipeline.tree import VerifyTree
 
 
-def tree_attention_mask(tree: VerifyTree, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive 4D mask [1, 1, V, prefix_len + V]: every node sees the whole prefix, its ancestors and itself."""
+def tree_attention_mask(tree: VerifyTree, prefix_len: int, dtype: torch.dtype,
+                        visible: int | None = None) -> torch.Tensor:
+    """Additive 4D mask [1, 1, V, prefix_len + V]: every node sees the prefix entries < `visible`
+    (default: the whole prefix), its ancestors and itself."""
     V = tree.size
-    allowed = torch.cat([torch.ones(V, prefix_len, dtype=torch.bool, device=tree.mask.device), tree.mask], dim=1)
+    seen = torch.arange(prefix_len, device=tree.mask.device) < (prefix_len if visible is None else visible)
+    allowed = torch.cat([seen[None, :].expand(V, prefix_len), tree.mask], dim=1)
     m = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     m.masked_fill_(~allowed, torch.finfo(dtype).min)
     return m[None, None]
