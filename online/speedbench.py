@@ -28,17 +28,21 @@ class MethodRuns:
         return [statistics.mean(r.tokens_per_s for i, r in enumerate(run) if idx is None or i in idx)
                 for run in self.results]
 
+    def generations(self, idx: list[int] | None = None) -> list[GenerationResult]:
+        """Every run's results for the prompts in idx (all prompts when None)."""
+        return [r for run in self.results for i, r in enumerate(run) if idx is None or i in idx]
+
     def tau(self, idx: list[int] | None = None) -> float | None:
-        cyc = [c for run in self.results for i, r in enumerate(run) if idx is None or i in idx for c in r.cycles]
+        cyc = [c for r in self.generations(idx) for c in r.cycles]
         return sum(c.emitted for c in cyc) / len(cyc) if cyc else None
 
     def mean_depth(self, idx=None) -> float | None:
-        cyc = [c for run in self.results for i, r in enumerate(run) if idx is None or i in idx for c in r.cycles]
+        cyc = [c for r in self.generations(idx) for c in r.cycles]
         return sum(c.depth for c in cyc) / len(cyc) if cyc else None
 
     def controller_share(self, idx=None) -> float:
         """Controller time as a fraction of decode wall time."""
-        rs = [r for run in self.results for i, r in enumerate(run) if idx is None or i in idx]
+        rs = self.generations(idx)
         wall = sum(r.wall_s for r in rs)
         return sum(c.t_controller for r in rs for c in r.cycles) / wall if wall else 0.0
 
