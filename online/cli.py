@@ -11,6 +11,7 @@ from pipeline.errors import DraftGymError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from online.policy_cost import add_profile_policy
     from online.validate import add_validate
     from pipeline import cli as pipeline_cli
     from simulator import cli as simulator_cli
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_cli.register(sub)
     simulator_cli.register(sub)
     add_validate(sub)
+    add_profile_policy(sub)
     return parser
 
 

@@ -3,6 +3,7 @@
     collect   (Ray job)  per-position draft trees + acceptance tables, train and test prompts
     profile              this device's draft / verify / policy / overhead latency
     train                an LTD policy (depth + size PPO) in the replay simulator
+    profile-policy       what one call of that policy costs inside the engine (joins the profile)
     evaluate             policies and baselines replayed on held-out prompts
     validate             the policy in the loop on the real device: speedup, lossless, sim-vs-real
 
@@ -45,10 +46,11 @@ def main(argv=None) -> int:
                           "--max-new-tokens", str(args.max_new_tokens), "--out", str(logs)]
                          + (["--no-ray"] if args.no_ray else []))
     steps += [
-        ["profile", "--head", head, "--verify-sizes", "1,8,16,32,60,100,160,240", "--contexts", "32,128,512",
+        ["profile", "--head", head, "--verify-sizes", "1,2,4,8,16,32,60,100,160,240", "--contexts", "32,128,512",
          "--repeats", "3", "--out", str(logs)],
         ["train", "--method", "ltd", "--logs", str(logs), "--out", str(policy), "--steps", str(args.ltd_steps),
          "--iters", "0,1"],
+        ["profile-policy", "--head", head, "--policy", str(policy), "--logs", str(logs)],
         ["evaluate", "--logs", str(logs), "--split", "test", "--policy", str(policy), "--policy", "goodput"],
         ["validate", "--head", head, "--policy", str(policy), "--dataset", args.datasets, "--n-prompts",
          str(args.test_prompts), "--runs", str(args.runs), "--max-new-tokens", str(args.max_new_tokens),

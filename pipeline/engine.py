@@ -134,6 +134,25 @@ class Engine:
         return res
 
     # -- EAGLE-3 -------------------------------------------------------------------------------
+    def verify_commit(self, tree, n: int, cache, temperature: float = 0.0, gen: torch.Generator | None = None):
+        """The verify phase of one cycle: one target forward over the V tree tokens on top of the n
+        cached ones, acceptance, KV compaction, and the fused features of the kept entries.
+
+        Returns (path, bonus, keep_t, pending_feat): accepted tree indices (root excluded), the bonus
+        token, root + path as a tensor, and f_n .. f_{n+L} [1, L+1, H]. The engine's t_verify times
+        exactly this call, and `draftgym profile` times it too (pipeline.latency.verify_op), so the
+        latency model's t_verify(V, c) and the measured cycles describe the same work."""
+        vlogits, vhs = verify_tree(self.model, tree, n, cache)          # [V, vocab], hidden states
+        if temperature <= 0:
+            path, bonus = accept_greedy(tree, vlogits)
+        else:
+            path, bonus = accept_sampling(tree, vlogits, temperature, gen)
+        keep = [0] + path                                # tree indices of root + accepted nodes
+        compact_cache(cache, n, keep)
+        keep_t = torch.tensor(keep, device=self.device)
+        pending_feat = self.head.fuse(tuple(h[:, keep_t] for h in vhs))   # f_n .. f_{n+L}
+        return path, bonus, keep_t, pending_feat
+
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
                  controller: Controller | None = None) -> GenerationResult:
@@ -207,15 +226,7 @@ class Engine:
 
             # verify: one target forward over the tree, then acceptance and KV compaction
             v0 = time.perf_counter()
-            vlogits, vhs = verify_tree(self.model, tree, n, cache)
-            if temperature <= 0:
-                path, bonus = accept_greedy(tree, vlogits)
-            else:
-                path, bonus = accept_sampling(tree, vlogits, temperature, gen)
-            keep = [0] + path                            # tree indices of root + accepted nodes
-            compact_cache(cache, n, keep)
-            keep_t = torch.tensor(keep, device=dev)
-            pending_feat = head.fuse(tuple(h[:, keep_t] for h in vhs))  # f_n .. f_{n+L}
+            path, bonus, keep_t, pending_feat = self.verify_commit(tree, n, cache, temperature, gen)
             sync(dev)
             t_verify = time.perf_counter() - v0
 

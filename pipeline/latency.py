@@ -44,19 +44,29 @@ def chain_tree(V: int, device) -> VerifyTree:
 
 
 @torch.inference_mode()
-def verify_op(model, V: int, context_len: int) -> Callable[[], None]:
-    """A closure running one V-token verify forward on a cache holding `context_len` tokens."""
+def verify_op(model, V: int, context_len: int, head: Eagle3Head | None = None) -> Callable[[], None]:
+    """A closure running one V-token verify on a cache holding `context_len` tokens.
+
+    With `head`: the engine's whole verify phase (`Engine.verify_commit`: forward, greedy acceptance,
+    KV compaction, feature fusion), i.e. what a cycle's t_verify measures; this is what the profile
+    uses. Without: the bare target forward (hidden states included)."""
     from transformers import DynamicCache
+
+    from pipeline.engine import Engine
 
     dev = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
     ctx = torch.randint(0, model.config.vocab_size, (1, context_len), device=dev)
     target_forward(model, ctx, torch.arange(context_len, device=dev)[None], cache, hidden_states=False)
     tree = chain_tree(V, dev)
+    engine = Engine(model, head) if head is not None else None
 
     def run():
         with torch.inference_mode():
-            verify_tree(model, tree, context_len, cache)   # hidden states included, as in the engine
+            if engine is not None:
+                engine.verify_commit(tree, context_len, cache)
+            else:
+                verify_tree(model, tree, context_len, cache)
             crop_cache(cache, context_len)
     return run
 

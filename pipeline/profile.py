@@ -80,7 +80,7 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     jobs = [("draft_step", W, 0, c) for W in widths for c in contexts] + \
            [("verify", 0, V, c) for V in verify_sizes for c in contexts]
     for op, W, V, c in tqdm(jobs, desc="profile", unit="op", disable=not progress):
-        fn = draft_op(head, W, c) if op == "draft_step" else verify_op(target.model, V, c)
+        fn = draft_op(head, W, c) if op == "draft_step" else verify_op(target.model, V, c, head=head)
         add(op, time_op(fn, dev, warmup=warmup, repeats=repeats), width=W, verify_size=V, context_len=c)
     add("policy", time_op(policy_op(device=dev), dev, warmup=5, repeats=50))
     over = measure_overhead(Engine(target.model, head, target.eos_token_ids), target.tokenizer)

@@ -4,6 +4,8 @@ Ops (pipeline/schema.py LATENCY rows, batch 1):
     draft_step  one draft forward over W beams at context length c        t_draft(W, c)
     verify      one target forward over V tree tokens at context length c t_verify(V, c)
     policy      one policy inference (one hook call)                      t_policy
+    policy:<k>  one call of the checkpoint with latency key k, measured in the engine (optional;
+                `draftgym profile-policy`); replaces t_policy for that checkpoint
     overhead    per-cycle bookkeeping outside the three above             t_overhead(c)
 
 Cycle time (what the env charges, design.md "cycle reward"):
@@ -99,6 +101,13 @@ class LatencyModel:
     policy_s: float                    # seconds per policy call
     policy_spread: tuple[float, float] = (1.0, 1.0)   # p10/median, p90/median of the policy op
     meta: dict = field(default_factory=dict)
+    policy_costs: dict = field(default_factory=dict)  # latency_key -> seconds per call, measured in the engine
+
+    def call_s(self, latency_key: str | None) -> float:
+        """Seconds per policy call for a checkpoint: its own 'policy:<key>' row when the profile has one
+        (`draftgym profile-policy`: the real controller in real cycles, observation building included),
+        else the generic `policy` op (a stand-in MLP forward)."""
+        return float(self.policy_costs.get(latency_key, self.policy_s)) if latency_key else self.policy_s
 
     # ---- predictions (vectorised; rng -> sampled noise)
     def t_draft(self, width, context_len, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -184,10 +193,11 @@ class LatencyModel:
         policy_s = float(np.mean(col(pol, "median"))) if pol else 0.0
         spread = ((float(np.mean(col(pol, "p10"))) / policy_s, float(np.mean(col(pol, "p90"))) / policy_s)
                   if pol and policy_s > 0 else (1.0, 1.0))
+        costs = {r["op"].removeprefix("policy:"): float(r["median"]) for r in rows if r["op"].startswith("policy:")}
         meta = {"profile_id": profile, "device": rows[0].get("device"), "model_id": rows[0].get("model_id"),
                 "dtype": rows[0].get("dtype"), "n_rows": len(rows), "has_overhead": bool(by["overhead"]),
                 "has_policy": bool(pol), "note": note}
-        return cls(draft, verify, overhead, policy_s, spread, meta)
+        return cls(draft, verify, overhead, policy_s, spread, meta, costs)
 
     @classmethod
     def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None) -> "LatencyModel":
@@ -252,7 +262,8 @@ class LatencyModel:
                 "loo_max_rel_err": float(loo.max()) if len(loo) else None,
                 "spread_p90_over_p10": float(np.mean(pts["p90"] / np.maximum(pts["p10"], 1e-12))),
             }
-        out["ops"]["policy"] = {"median_s": self.policy_s, "measured": bool(self.meta.get("has_policy", True))}
+        out["ops"]["policy"] = {"median_s": self.policy_s, "measured": bool(self.meta.get("has_policy", True)),
+                                "per_policy_s": dict(self.policy_costs)}
         return out
 
     def coverage(self, context_len, widths=(), verify_sizes=()) -> dict:

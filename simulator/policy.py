@@ -372,6 +372,28 @@ def load_checkpoint(path: str | Path, sample: bool = False, hold: int | None = N
         net.eval()
         nets[cname] = net
     sh, name, method = man.get("shape", {}), man.get("name", path.name), man["method"]
+    policy = _build_checkpoint_policy(man, nets, sh, name, method, path, sample, hold)
+    policy.latency_key = latency_key(path)
+    return policy
+
+
+def latency_key(path: str | Path) -> str:
+    """'<name>-<10 hex>': the checkpoint's identity in a latency profile (`draftgym profile-policy`
+    writes op = 'policy:<key>' rows; the replay charges that measured cost per call). The hash covers
+    manifest.json and every weight file, so a retrained policy never inherits an old figure."""
+    import hashlib
+
+    path = Path(path)
+    if path.name == "manifest.json":
+        path = path.parent
+    man = read_manifest(path)
+    h = hashlib.sha256((path / "manifest.json").read_bytes())
+    for c in sorted(man["components"].values(), key=lambda c: c["file"]):
+        h.update((path / c["file"]).read_bytes())
+    return f"{man.get('name', path.name)}-{h.hexdigest()[:10]}"
+
+
+def _build_checkpoint_policy(man, nets, sh, name, method, path, sample, hold) -> Policy:
     if method == "ltd":
         size_values = man["components"].get("size", {}).get("action", {}).get("values", obs.SIZE_ACTIONS)
         return LTDPolicy(nets.get("depth"), nets.get("size"), width=sh.get("width", 10),
@@ -445,6 +467,7 @@ class PolicyController:
                 self.policy, self.max_depth = policy, max_depth
 
             def reset(self):
+                self.calls = 0          # policy inferences, counted as the replay counts them (replay.simulate)
                 self.policy.reset(1, seed=0)
                 self.root = np.full(obs.RESPS_ROOT_K, np.nan, np.float32)
                 self.ctx_len = 0
@@ -460,6 +483,7 @@ class PolicyController:
                     context_len=np.array([ctx.context_len]), has_last=np.array([last is not None]),
                     last_depth=g("depth"), last_width=g("width"), last_verify=g("verify_size"),
                     last_accepted=g("accepted"), last_emitted=g("emitted"), last_root_scores=self.root[None]))
+                self.calls += int(np.asarray(sh.calls).ravel()[0]) if sh.calls is not None else 0
                 return TreeShape(int(sh.depth[0]), int(sh.width[0]), int(sh.verify[0]))
 
             def continue_drafting(self, step):
@@ -471,6 +495,7 @@ class PolicyController:
                               beam_scores=obs.to_numpy(step.beam_scores)[None],
                               candidate_scores=pad(obs.to_numpy(step.candidate_scores), W * W)[None],
                               entropy=pad(obs.to_numpy(step.entropy), W)[None], context_len=np.array([step.context_len]))
+                self.calls += 1
                 return bool(np.asarray(self.policy.continue_drafting(s))[0])
 
             def verify_size(self, pool, shape):
@@ -484,6 +509,7 @@ class PolicyController:
                 lv = obs.sort_levels(obs.level_scores_from_pool(scores, W, D, self.max_depth), W)
                 p = PoolBatch(env=np.array([0]), depth=np.array([D]), width=W, level_scores=lv[None],
                               context_len=np.array([self.ctx_len]))
+                self.calls += 1
                 return int(np.asarray(self.policy.verify_size(p, np.array([shape.verify_size])))[0])
 
             def observe(self, record):

@@ -32,8 +32,10 @@ from simulator.observations import RESPS_ROOT_K
 
 
 def call_seconds(policy, latency: LatencyModel) -> float:
+    """Seconds the clock charges per policy call: the checkpoint's own measured cost when the profile
+    has it (LatencyModel.call_s), else the generic policy op; heuristics state their own figure."""
     c = getattr(policy, "call_cost", "model")
-    return float(latency.policy_s if c == "model" else c)
+    return latency.call_s(getattr(policy, "latency_key", None)) if c == "model" else float(c)
 
 
 def pool_size(depth, width) -> np.ndarray:

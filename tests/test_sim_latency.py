@@ -84,3 +84,22 @@ def test_plot(tmp_path, syn):
     _, lat = syn
     lat.plot(tmp_path / "lat.png")
     assert (tmp_path / "lat.png").stat().st_size > 1000
+
+
+def test_per_policy_cost_rows():
+    """'policy:<key>' rows (draftgym profile-policy) replace the generic policy op for that checkpoint only."""
+    from simulator.replay import call_seconds
+
+    rows = latency_rows("m", "cpu", widths=(10,), contexts=(512,))
+    generic = [r for r in rows if r["op"] == "policy"][0]["median"]
+    rows.append({**rows[0], "op": "policy:ltd-0123456789", "median": 0.0013, "p10": 0.0012, "p90": 0.0015})
+    lat = LatencyModel.from_rows(rows)
+    assert lat.call_s("ltd-0123456789") == pytest.approx(0.0013)
+    assert lat.call_s("other-key") == lat.call_s(None) == pytest.approx(generic)
+
+    class P:
+        call_cost, latency_key = "model", "ltd-0123456789"
+    assert call_seconds(P(), lat) == pytest.approx(0.0013)
+    P.call_cost = 0.0
+    assert call_seconds(P(), lat) == 0.0
+    assert lat.fit_report()["ops"]["policy"]["per_policy_s"] == {"ltd-0123456789": pytest.approx(0.0013)}

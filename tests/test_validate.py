@@ -26,6 +26,18 @@ def test_validate_end_to_end(tmp_path, tiny_model_dir, tiny_logs, capsys):
     pol = tmp_path / "ltd"
     assert cli(["train", "--method", "ltd", "--logs", str(tiny_logs), "--model", str(tiny_model_dir), "--out", str(pol),
                 "--steps", "2000", "--iters", "0", "--no-progress"]) == 0
+    # the checkpoint's own per-call cost, measured in the engine, joins the newest profile
+    capsys.readouterr()
+    assert cli(["profile-policy", "--policy", str(pol), "--logs", str(tiny_logs), "--model", str(tiny_model_dir),
+                "--head", "random", "--max-new-tokens", "12", "--json"]) == 0
+    cost = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    from simulator.latency import LatencyModel
+    from simulator.policy import latency_key, load_checkpoint
+    key = latency_key(pol)
+    assert set(cost["per_call_s"]) == {key} and cost["per_call_s"][key] > 0
+    lat = LatencyModel.from_logs(tiny_logs)
+    assert lat.call_s(key) == pytest.approx(cost["per_call_s"][key]) and lat.call_s(None) == lat.policy_s
+    assert load_checkpoint(pol).latency_key == key
     out = tmp_path / "report"
     capsys.readouterr()
     rc = cli(["validate", "--model", str(tiny_model_dir), "--head", "random", "--policy", str(pol), "--policy", "ddd",
@@ -54,3 +66,5 @@ def test_validate_bad_inputs(capsys, tmp_path):
     assert "policy not found" in capsys.readouterr().err
     assert cli(["validate", "--logs", str(tmp_path / "missing")]) == 2
     assert "logs directory not found" in capsys.readouterr().err
+    assert cli(["profile-policy", "--policy", str(tmp_path), "--logs", str(tmp_path)]) == 2
+    assert "no latency profile" in capsys.readouterr().err

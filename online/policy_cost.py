@@ -1,0 +1,127 @@
+"""`draftgym profile-policy`: what one call of a trained policy costs inside the real engine.
+
+The generic `policy` row of `draftgym profile` times a stand-in MLP forward. A real controller call
+also builds its observation from the engine's tensors (device -> numpy, sorting, padding) and runs
+the checkpoint's own network, which for LTD's 1112-feature size policy is ~30x the stand-in. So,
+for each checkpoint, this command decodes a few prompts with the policy in the loop and writes
+
+    op = 'policy:<latency_key>'   median / p10 / p90 over generations of
+                                  sum(t_controller) / policy calls      (seconds per call)
+
+into the newest profile of `--logs` for this device (same profile_id, its own Parquet file), where
+`simulator.latency.LatencyModel.call_s` picks it up. Calls are counted as the replay counts them
+(`simulator.replay.simulate`): the inferences plan() reports, one per continue_drafting() asked, one
+per verify_size() of a size policy. Observation building, plan() and observe() bookkeeping are all
+in t_controller, so the per-call figure carries them: the simulator's t_policy per cycle then equals
+the engine's measured controller time per cycle, which is what sim-vs-real compares.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.errors import DataError, DraftGymError
+from pipeline.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
+
+PROMPTS = ("Explain how a hash map works, step by step.",
+           "Write a Python function that returns the n-th Fibonacci number.",
+           "What are three good habits for a healthy sleep schedule?")
+
+
+def newest_profile(logs: str, model: str, device: str) -> dict:
+    """The newest `latency` row set of `model` on `device` under `logs` (its first row, as a dict)."""
+    rows = []
+    for f in table_files(logs, "latency"):
+        t = read_table(f, "latency")
+        rows += [r for r in t.select(["profile_id", "device", "model_id", "head_id", "dtype", "device_type"]).to_pylist()
+                 if r["model_id"] == model]
+    if not rows:
+        raise DataError(f"no latency profile for {model} under {logs}/latency (run `draftgym profile` first)")
+    mine = [r for r in rows if r["device"] == device]
+    if not mine:
+        have = sorted({r["device"] for r in rows})
+        raise DataError(f"no latency profile for device {device!r} under {logs} (profiles exist for: {', '.join(have)})")
+    return max(mine, key=lambda r: r["profile_id"])
+
+
+def measure_policy_cost(engine, tokenizer, controller, n_tokens: int = 48, prompts=PROMPTS) -> list[float]:
+    """Seconds per policy call, one figure per generation (after one warm-up generation)."""
+    from pipeline.target import encode_prompt
+
+    ids = [encode_prompt(tokenizer, p) for p in prompts]
+    engine.generate(ids[0], 8, controller=controller)
+    per_call = []
+    for x in ids:
+        res = engine.generate(x, n_tokens, controller=controller)
+        calls = controller.calls
+        if calls > 0:
+            per_call.append(sum(c.t_controller for c in res.cycles) / calls)
+    return per_call
+
+
+def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135m", head_spec: str = "default",
+                       n_tokens: int = 48, device: str | None = None, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    from pipeline.engine import Engine
+    from pipeline.fingerprint import device_name, environment_fingerprint
+    from pipeline.generate import load_head_for
+    from pipeline.target import load_target
+    from simulator.policy import PolicyController, latency_key, load_checkpoint
+
+    if not table_files(logs, "latency"):       # fail before loading any model
+        raise DataError(f"no latency profile under {logs}/latency (run `draftgym profile` first)")
+    for spec in policies:
+        load_checkpoint(spec)
+    target = load_target(model, device=device)
+    head = load_head_for(head_spec, target.model)
+    dev = target.device
+    base = newest_profile(logs, model, device_name(dev))
+    engine = Engine(target.model, head, target.eos_token_ids)
+    env = json.dumps(environment_fingerprint(dev))
+    rows, out = [], {}
+    for spec in tqdm(policies, desc="profile-policy", unit="policy", disable=not progress):
+        policy = load_checkpoint(spec)
+        key = latency_key(spec)
+        per_call = np.array(measure_policy_cost(engine, target.tokenizer, PolicyController(policy), n_tokens))
+        if per_call.size == 0:
+            raise DraftGymError(f"{spec}: the policy made no calls (nothing to time)")
+        stats = {"n": int(per_call.size), "median": float(np.median(per_call)), "p10": float(np.quantile(per_call, 0.1)),
+                 "p90": float(np.quantile(per_call, 0.9)), "mean": float(per_call.mean())}
+        rows.append({"schema_version": SCHEMA_VERSION, "profile_id": base["profile_id"], "device": base["device"],
+                     "device_type": base["device_type"], "model_id": model, "head_id": base["head_id"],
+                     "dtype": base["dtype"], "op": f"policy:{key}", "width": 0, "verify_size": 0, "context_len": 0,
+                     "batch": 1, **stats, "env_json": env})
+        out[key] = stats["median"]
+    # next to the profile's own file (pipeline.profile), so every latency reader finds it
+    path = partition_dir(logs, "latency", model, "_profile", 0.0).parent.parent / \
+        f"{base['profile_id']}-policies-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+    write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
+    return {"profile_id": base["profile_id"], "device": base["device"], "per_call_s": out, "path": str(path)}
+
+
+def add_profile_policy(sub) -> None:
+    p = sub.add_parser("profile-policy", help="time trained policies' controller calls in the engine, into the newest profile")
+    p.add_argument("--policy", action="append", required=True, help="checkpoint directory (repeatable)")
+    p.add_argument("--logs", default="data/logs", help="logs root holding the device's latency profile")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--head", default="default")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--device", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cli)
+
+
+def _cli(args) -> int:
+    r = run_profile_policy(args.policy, args.logs, model=args.model, head_spec=args.head, n_tokens=args.max_new_tokens,
+                           device=args.device)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        for k, v in r["per_call_s"].items():
+            print(f"{k}: {1e3 * v:.3f} ms per call")
+        print(f"-> {r['path']} (profile {r['profile_id']}, {r['device']})")
+    return 0
