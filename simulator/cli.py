@@ -53,6 +53,13 @@ def add_train(sub) -> None:
     p.add_argument("--width", type=int, default=None, help="W (default 10 when logged)")
     p.add_argument("--n-envs", type=int, default=None)
     p.add_argument("--iters", default=None, help="ltd: co-adaptation iterations to run, e.g. 0,1,2,3 (default all)")
+    p.add_argument("--action-space", default="seeds", choices=["seeds", "wide"],
+                   help="seeds: the papers' action sets (design.md); wide: adds shallow/small trees "
+                        "(LTD V in the logged grid 2..240, Re-SpS D 1..8 and V 2..128), for devices like CPUs "
+                        "where a large verify costs several AR steps")
+    p.add_argument("--verify-size", type=int, default=None,
+                   help="V for RADAR and LTD's Iter0 depth phase (default 60; with --action-space wide, "
+                        "the grid-best static V on the training split)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run_train)

@@ -72,16 +72,30 @@ class EnvConfig:
     seed: int = 0
 
 
-def resps_shapes(logs: ReplayLogs, max_depth: int | None = None) -> np.ndarray:
-    """Re-SpS's (V, D, W) set, V snapped to the logged grid, W restricted to logged widths, deduplicated."""
-    widths = [w for w in RESPS_WIDTH if w in logs.w] or list(logs.widths)
+# "wide" action space (ACTION_SPACES): the seeds' sets were tuned for GPUs, where a 60-token verify
+# costs about one AR step. On a CPU it costs several, and the best trees are shallow and small, so
+# the wide space adds D = 1, 2 and V down to 2 (V <= 1 + pool size instead of W^(D-1)).
+RESPS_WIDE_VERIFY = (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)
+RESPS_WIDE_DEPTH = (1, 2, 3, 4, 5, 6, 7, 8)
+ACTION_SPACES = ("seeds", "wide")
+
+
+def resps_shapes(logs: ReplayLogs, max_depth: int | None = None, space: str = "seeds") -> np.ndarray:
+    """Re-SpS's (V, D, W) set, V snapped to the logged grid, W restricted to logged widths, deduplicated.
+
+    space "seeds": V in {32..128}, D in {3..8}, W in {8..32}, V <= W^(D-1) (design.md).
+    space "wide":  V in RESPS_WIDE_VERIFY, D in 1..8, every logged W, V <= 1 + W + (D-1) W^2."""
+    if space not in ACTION_SPACES:
+        raise ValueError(f"unknown action space {space!r} (known: {', '.join(ACTION_SPACES)})")
+    wide = space == "wide"
+    widths = list(logs.widths) if wide else ([w for w in RESPS_WIDTH if w in logs.w] or list(logs.widths))
     out = []
     for W in widths:
-        for D in RESPS_DEPTH:
+        for D in (RESPS_WIDE_DEPTH if wide else RESPS_DEPTH):
             if D > (max_depth or logs.max_depth):
                 continue
-            for V in RESPS_VERIFY:
-                if V <= W ** (D - 1):
+            for V in (RESPS_WIDE_VERIFY if wide else RESPS_VERIFY):
+                if (V <= 1 + W + (D - 1) * W * W) if wide else (V <= W ** (D - 1)):
                     t = (int(logs.snap_to_grid(V)), D, W)
                     if t not in out:
                         out.append(t)

@@ -40,6 +40,18 @@ DEFAULT_MAX_DEPTH = 12       # LTD: D <= 12
 
 # LTD size policy: 12 actions mapping linearly to V in 20..240 (all on the logged V grid)
 SIZE_ACTIONS: tuple[int, ...] = tuple(range(20, 241, 20))
+
+
+def size_actions(space: str = "seeds", verify_grid=None) -> tuple[int, ...]:
+    """LTD size-policy values. "seeds": SIZE_ACTIONS (V = 20..240). "wide": every logged V in 2..240
+    (1, 2, 4, 8, 10, 20, ..: small trees are what a CPU can afford; see simulator.env.ACTION_SPACES)."""
+    if space == "seeds":
+        return SIZE_ACTIONS
+    if space == "wide":
+        return tuple(int(v) for v in np.asarray(verify_grid) if 2 <= v <= 240)
+    raise ValueError(f"unknown action space {space!r}")
+
+
 # RADAR: at most 8 draft calls, W = 10, V = 60
 RADAR_MAX_CALLS = 8
 # Re-SpS probability features

@@ -48,6 +48,25 @@ def replay_tokens_per_s(policy, logs: ReplayLogs, lat: LatencyModel) -> float:
     return simulate(policy, logs, lat).summary()["tokens_per_s"]
 
 
+def resolve_verify_size(args, data: "TrainData", default: int) -> int:
+    """V for the fixed-V phases (RADAR; LTD's depth policy in Iter0).
+
+    --verify-size N wins; with --action-space wide and no N, the V of the grid-best static config on
+    the training split under this latency model (on a CPU a small tree; the seeds' 60 on a GPU-like
+    profile); otherwise the seeds' default (60). Must be on the logged V grid (exact replay)."""
+    v = getattr(args, "verify_size", None)
+    if v is None and getattr(args, "action_space", "seeds") == "wide":
+        from simulator.baselines import grid_search
+        v = grid_search(data.train, data.latency)["by_dataset"]["all"]["config"][2]
+    v = default if v is None else int(v)
+    try:
+        data.train.grid_index(v)               # replay is exact only on the logged grid
+    except ValueError as e:
+        from pipeline.errors import DraftGymError
+        raise DraftGymError(f"--verify-size: {e}") from None
+    return v
+
+
 def reference_speeds(logs: ReplayLogs, lat: LatencyModel) -> dict:
     from simulator import baselines as B
     from simulator.replay import autoregressive

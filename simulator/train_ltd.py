@@ -32,7 +32,7 @@ from simulator.env import ReplayEnv
 from simulator.policy import LTDPolicy, save_policy
 from simulator.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
 from simulator.train_common import (TrainData, finish, greedy, load_training_data, logs_info, reference_speeds,
-                                    replay_tokens_per_s)
+                                    replay_tokens_per_s, resolve_verify_size)
 
 
 @dataclass
@@ -45,15 +45,16 @@ class LTDConfig:
     size_steps: int = 50_000
     iters: tuple[int, ...] = (0, 1, 2, 3)
     seed: int = 0
+    size_values: tuple[int, ...] = obs.SIZE_ACTIONS   # size actions (observations.size_actions; "wide" on CPUs)
     depth_ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
         gamma=0.999, actor_hidden=(1024,), critic_hidden=(1024, 256), boundary="cycle"))
     size_ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
         gamma=0.9, actor_hidden=(1024, 256), critic_hidden=(1024, 256), boundary="step"))
 
 
-def _size_values_fn(net):
+def _size_values_fn(net, values=obs.SIZE_ACTIONS):
     g = greedy(net)
-    return lambda o: np.asarray(obs.SIZE_ACTIONS)[g(o)]
+    return lambda o: np.asarray(values)[g(o)]
 
 
 def _continue_fn(net):
@@ -75,12 +76,12 @@ def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
 
     def policy(d=None, s=None):
         return LTDPolicy(d, s, width=W, max_depth=cfg.max_depth, verify_size=cfg.verify_size,
-                         fixed_depth=cfg.fixed_depth)
+                         fixed_depth=cfg.fixed_depth, size_values=cfg.size_values)
 
     def run_depth(tag, size_actor):
         env = ReplayEnv(data.train, lat, "depth", n_envs=cfg.depth_ppo.n_envs, width=W, max_depth=cfg.max_depth,
                         verify_size=cfg.verify_size, seed=cfg.seed,
-                        size_policy=None if size_actor is None else _size_values_fn(size_actor))
+                        size_policy=None if size_actor is None else _size_values_fn(size_actor, cfg.size_values))
         pc = replace(cfg.depth_ppo, total_steps=cfg.depth_steps, seed=cfg.seed)
         r = ppo_train(env, pc, depth["actor"], depth["critic"],
                       validate=lambda a: replay_tokens_per_s(policy(a, size_actor), data.val, lat),
@@ -91,7 +92,8 @@ def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
 
     def run_size(tag, depth_actor):
         env = ReplayEnv(data.train, lat, "size", n_envs=cfg.size_ppo.n_envs, width=W, max_depth=cfg.max_depth,
-                        seed=cfg.seed + 1, depth_policy=None if depth_actor is None else _continue_fn(depth_actor))
+                        seed=cfg.seed + 1, depth_policy=None if depth_actor is None else _continue_fn(depth_actor),
+                        size_values=cfg.size_values)
         pc = replace(cfg.size_ppo, total_steps=cfg.size_steps, seed=cfg.seed + 1)
         r = ppo_train(env, pc, size["actor"], size["critic"],
                       validate=lambda a: replay_tokens_per_s(policy(depth_actor, a), data.val, lat),
@@ -128,9 +130,9 @@ def save_ltd(out, name: str, depth_net, size_net, cfg: LTDConfig, training: dict
                           "action": {"type": "stop_continue", "max_depth": cfg.max_depth}}
     if size_net is not None:
         dim = obs.ltd_size_obs_dim(cfg.width, cfg.max_depth)
-        comps["size"] = {"module": size_net, "net": mlp_spec(dim, cfg.size_ppo.actor_hidden, len(obs.SIZE_ACTIONS)),
+        comps["size"] = {"module": size_net, "net": mlp_spec(dim, cfg.size_ppo.actor_hidden, len(cfg.size_values)),
                          "obs": {"name": "ltd_size", "width": cfg.width, "max_depth": cfg.max_depth, "dim": dim},
-                         "action": {"type": "verify_size", "values": list(obs.SIZE_ACTIONS)}}
+                         "action": {"type": "verify_size", "values": list(cfg.size_values)}}
     return save_policy(out, name, "ltd", comps, {"width": cfg.width, "max_depth": cfg.max_depth,
                                                  "verify_size": cfg.verify_size, "depth": cfg.fixed_depth}, training)
 
@@ -142,6 +144,10 @@ def run_cli(args) -> int:
     data = load_training_data(args.logs, args.model, args.temperature, args.dataset, args.split, args.width,
                               profile=args.profile, latency_root=args.latency)
     cfg = LTDConfig(width=data.train.width, seed=args.seed)
+    space = getattr(args, "action_space", "seeds")
+    if space != "seeds":
+        cfg = replace(cfg, size_values=obs.size_actions(space, data.train.verify_grid))
+    cfg = replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size))
     if args.steps:
         cfg = replace(cfg, depth_steps=args.steps, size_steps=max(2048, args.steps // 4))
     if args.iters:

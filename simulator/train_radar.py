@@ -26,7 +26,7 @@ from simulator.env import ReplayEnv
 from simulator.policy import RadarNet, RadarPolicy, save_policy
 from simulator.ppo import plot_history
 from simulator.train_common import TrainData, finish, load_training_data, logs_info, reference_speeds, \
-    replay_tokens_per_s
+    replay_tokens_per_s, resolve_verify_size
 
 
 @dataclass
@@ -113,6 +113,7 @@ def run_cli(args) -> int:
     data = load_training_data(args.logs, args.model, args.temperature, args.dataset, args.split, args.width,
                               profile=args.profile, latency_root=args.latency)
     cfg = RadarConfig(width=data.train.width, seed=args.seed)
+    cfg = replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size))
     if args.steps:
         cfg = replace(cfg, steps=args.steps, eval_every=max(1, min(cfg.eval_every, args.steps // 4 or 1)))
     if args.n_envs:

@@ -31,6 +31,7 @@ class ResSpSConfig:
     hold_infer: int = 30
     steps: int = 30_000                  # decisions (each = hold_train cycles)
     seed: int = 0
+    action_space: str = "seeds"          # seeds | wide (env.resps_shapes)
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
         n_envs=64, n_steps=32, minibatch=32, epochs=4, clip=0.2, ent_coef=0.1, lr=3e-4, warmup_frac=0.0,
         gamma=0.0, actor_hidden=(128, 128), critic_hidden=(128, 128), boundary="step", eval_every=5))
@@ -38,7 +39,7 @@ class ResSpSConfig:
 
 def train_resps(data: TrainData, cfg: ResSpSConfig, progress: bool = True) -> dict:
     lat = data.latency
-    shapes = resps_shapes(data.train)
+    shapes = resps_shapes(data.train, space=cfg.action_space)
     env = ReplayEnv(data.train, lat, "shape", n_envs=cfg.ppo.n_envs, hold_cycles=cfg.hold_train,
                     shapes=tuple(map(tuple, shapes.tolist())), seed=cfg.seed)
     pc = replace(cfg.ppo, total_steps=cfg.steps, seed=cfg.seed)
@@ -54,7 +55,7 @@ def run_cli(args) -> int:
     t0 = time.perf_counter()
     data = load_training_data(args.logs, args.model, args.temperature, args.dataset, args.split, args.width,
                               widths="all", profile=args.profile, latency_root=args.latency)
-    cfg = ResSpSConfig(seed=args.seed)
+    cfg = ResSpSConfig(seed=args.seed, action_space=getattr(args, "action_space", "seeds"))
     if args.steps:
         cfg = replace(cfg, steps=args.steps)
     if args.n_envs:

@@ -56,3 +56,29 @@ def test_resps_tiny(syn_root, tmp_path):
     assert np.isfinite(res["val"]) and len(res["shapes"]) > 0
     assert {h["phase"] for h in res["history"]} == {"resps"}
     assert replace(cfg).hold_infer == 30
+
+
+def test_wide_action_space(syn_root, tmp_path, capsys):
+    """--action-space wide: small trees join the seeds' sets, and the checkpoints carry them."""
+    from simulator import observations as O
+    from simulator.env import resps_shapes
+
+    data = load_training_data(syn_root, widths="all")
+    seeds, wide = resps_shapes(data.train), resps_shapes(data.train, space="wide")
+    assert seeds[:, 1].min() >= 3 and (seeds[:, 0] >= 30).all()     # 32 snaps to the logged 30
+    assert wide[:, 1].min() == 1 and 2 in wide[:, 0] and len(wide) > len(seeds)
+    assert all(v <= 1 + w + (d - 1) * w * w for v, d, w in wide.tolist())
+    assert O.size_actions("wide", data.train.verify_grid)[0] == 2 and O.size_actions("seeds") == O.SIZE_ACTIONS
+    out = tmp_path / "ltd-wide"
+    assert main(["train", "--method", "ltd", "--logs", str(syn_root), "--out", str(out), "--steps", "512",
+                 "--iters", "0", "--n-envs", "32", "--action-space", "wide", "--no-progress", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    man = read_manifest(out)
+    assert man["components"]["size"]["action"]["values"][:3] == [2, 4, 8]
+    assert summary["config"]["verify_size"] in data.train.verify_grid.tolist()
+    pol = load_checkpoint(out)
+    r = simulate(pol, data.val, data.latency, trace=True)
+    assert set(r.trace["verify"].tolist()) <= set(man["components"]["size"]["action"]["values"]) | {1}
+    assert main(["train", "--method", "radar", "--logs", str(syn_root), "--out", str(tmp_path / "r"),
+                 "--steps", "4", "--verify-size", "7", "--no-progress"]) == 2
+    assert "not on the logged grid" in capsys.readouterr().err

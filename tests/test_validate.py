@@ -68,3 +68,16 @@ def test_validate_bad_inputs(capsys, tmp_path):
     assert "logs directory not found" in capsys.readouterr().err
     assert cli(["profile-policy", "--policy", str(tmp_path), "--logs", str(tmp_path)]) == 2
     assert "no latency profile" in capsys.readouterr().err
+
+
+def test_validate_sampling_without_logs_at_t(tmp_path, tiny_model_dir, tiny_logs, capsys):
+    """T = 1 with only greedy logs: grid-best from the T = 0 logs, sim-vs-real skipped with a note."""
+    out = tmp_path / "t1"
+    capsys.readouterr()
+    assert cli(["validate", "--model", str(tiny_model_dir), "--head", "random", "--policy", "ddd",
+                "--dataset", "mt-bench", "--n-prompts", "1", "--runs", "2", "--max-new-tokens", "8",
+                "--temperature", "1", "--logs", str(tiny_logs), "--out", str(out), "--json"]) == 0
+    e = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["datasets"]["mt-bench"]
+    assert not e["lossless_checked"] and len(e["grid_best"]) == 3
+    assert "no logs at temperature 1" in e["sim_vs_real"]["note"]
+    assert set(e["methods"]) == {"ar", "static", "grid-best", "ddd"}
