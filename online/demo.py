@@ -47,7 +47,7 @@ def main(argv=None) -> int:
                          + (["--no-ray"] if args.no_ray else []))
     steps += [
         ["profile", "--head", head, "--verify-sizes", "1,2,4,8,16,32,60,100,160,240", "--contexts", "32,128,512",
-         "--repeats", "3", "--out", str(logs)],
+         "--repeats", "3", "--cycle-tokens", "16", "--out", str(logs)],
         ["train", "--method", "ltd", "--logs", str(logs), "--out", str(policy), "--steps", str(args.ltd_steps),
          "--iters", "0,1", "--action-space", "wide"],   # wide: small trees too (a superset of LTD's 20..240)
         ["profile-policy", "--head", head, "--policy", str(policy), "--logs", str(logs)],

@@ -2,12 +2,22 @@
 
 Ops (design.md):
   draft_step  one head forward over W beams, per (W, context_len)
-  verify      one target forward over V tree tokens (hidden states included), per (V, context_len);
-              V = 1 is also the autoregressive step
+  verify      the verify phase over V tree tokens (target forward with hidden states, acceptance,
+              KV compaction, feature fusion), per (V, context_len); V = 1 is also the AR step
   policy      one forward of a small MLP policy at batch 1 (LTD-sized); learned policies add their own
+              rows with `draftgym profile-policy`
   overhead    per-cycle engine cost outside draft/verify/controller, from real static-default cycles
-Method: warm-up, device sync around every clock read, repeats, median / p10 / p90.
-Profile alone: never while collection actors share the device.
+
+Method (default, "in situ"): the engine decodes with static trees (D, W, V), D the smallest depth
+whose pool holds V - 1 nodes, from prompts of exactly `context_len` tokens, after one warm-up
+generation; every cycle's synchronised t_verify is one sample of verify(V, context_len) and
+t_draft / D one sample of draft_step(W, context_len) (context_len = the prompt length: the
+generation adds at most `--cycle-tokens` to it). Statistics: n, median, p10, p90, mean.
+Why in situ: on a CPU the same forward timed in a tight loop (`--isolated`, hot caches, no draft
+work in between) ran 13-15 % faster than inside real decoding, and the simulator then overrated
+every method by that much (BENCHMARKS.md, E). `--isolated` keeps the tight-loop micro-benchmarks
+(pipeline.latency) as ops `verify_isolated` / `draft_isolated`, for comparison.
+Profile alone: never while collection actors or other jobs share the device.
 """
 from __future__ import annotations
 
@@ -50,9 +60,48 @@ def measure_overhead(engine, tokenizer, n_tokens: int = 48) -> list[float]:
     return [max(0.0, c.t_cycle - c.t_draft - c.t_verify - c.t_controller) for c in res.cycles]
 
 
+def depth_for(V: int, W: int, max_depth: int = 12) -> int:
+    """Smallest D whose pool (W + (D-1) W^2 candidates) fills a V-node tree (root + V - 1)."""
+    D = 1
+    while D < max_depth and W + (D - 1) * W * W < V - 1:
+        D += 1
+    return D
+
+
+def stats_of(samples) -> dict:
+    s = np.sort(np.asarray(samples, np.float64))
+    return {"n": int(s.size), "median": float(np.median(s)), "p10": float(np.quantile(s, 0.1)),
+            "p90": float(np.quantile(s, 0.9)), "mean": float(s.mean())}
+
+
+def in_situ_samples(engine, prompt_ids: list[int], depth: int, width: int, verify_size: int, cycle_tokens: int,
+                    min_cycles: int = 8) -> list:
+    """CycleRecords of static (D, W, V) decoding from `prompt_ids` (after a warm-up generation)."""
+    from pipeline.controller import StaticController
+
+    ctrl = StaticController(depth, width, verify_size)
+    engine.generate(prompt_ids, 4, controller=ctrl)
+    cycles = []
+    for _ in range(3):                       # EOS can end a generation early: top up
+        cycles += engine.generate(prompt_ids, cycle_tokens, controller=ctrl).cycles
+        if len(cycles) >= min_cycles:
+            break
+    return cycles
+
+
+def context_prompt(tokenizer, n: int) -> list[int]:
+    """A prompt of exactly n tokens (a chat-formatted request, tiled)."""
+    from pipeline.target import encode_prompt
+
+    base = encode_prompt(tokenizer, "Explain how a hash map works, step by step, with a short Python example, "
+                                    "and compare it with a binary search tree.")
+    return (base * (n // len(base) + 1))[-n:]
+
+
 def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                 contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, device: str | None = None,
-                dtype: str | None = None, progress: bool = True) -> dict:
+                dtype: str | None = None, progress: bool = True, isolated: bool = False,
+                cycle_tokens: int = 24) -> dict:
     from pipeline.engine import Engine
     from pipeline.fingerprint import device_name, environment_fingerprint
     from pipeline.generate import load_head_for
@@ -62,7 +111,7 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     head = load_head_for(head_spec, target.model)
     dev = target.device
     env = environment_fingerprint(dev)
-    max_ctx = target.model.config.max_position_embeddings - max(verify_sizes) - 1
+    max_ctx = target.model.config.max_position_embeddings - max(verify_sizes) - cycle_tokens - 1
     contexts = [c for c in contexts if c <= max_ctx]
     if not contexts:
         raise DraftGymError(f"no profiling context length fits the target's {max_ctx} positions")
@@ -77,13 +126,33 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
                      "n": stats["n"], "median": stats["median"], "p10": stats["p10"], "p90": stats["p90"],
                      "mean": stats["mean"], "env_json": json.dumps(env)})
 
-    jobs = [("draft_step", W, 0, c) for W in widths for c in contexts] + \
-           [("verify", 0, V, c) for V in verify_sizes for c in contexts]
-    for op, W, V, c in tqdm(jobs, desc="profile", unit="op", disable=not progress):
-        fn = draft_op(head, W, c) if op == "draft_step" else verify_op(target.model, V, c, head=head)
-        add(op, time_op(fn, dev, warmup=warmup, repeats=repeats), width=W, verify_size=V, context_len=c)
+    engine = Engine(target.model, head, target.eos_token_ids)
+    if isolated:
+        jobs = [("draft_isolated", W, 0, c) for W in widths for c in contexts] + \
+               [("verify_isolated", 0, V, c) for V in verify_sizes for c in contexts]
+        for op, W, V, c in tqdm(jobs, desc="profile (isolated)", unit="op", disable=not progress):
+            fn = draft_op(head, W, c) if op == "draft_isolated" else verify_op(target.model, V, c, head=head)
+            add(op, time_op(fn, dev, warmup=warmup, repeats=repeats), width=W, verify_size=V, context_len=c)
+    # in situ: real static-tree cycles. verify per (V, c) with the first width; draft per (W, c),
+    # pooled over those trees (and, for further widths, over one 2-level tree each)
+    W0 = widths[0]
+    jobs = [(W0, V, c, True) for c in contexts for V in verify_sizes] + \
+           [(W, min(1 + W, max(verify_sizes)), c, False) for W in widths[1:] for c in contexts]
+    drafts: dict[tuple[int, int], list[float]] = {}
+    for W, V, c, timed_verify in tqdm(jobs, desc="profile", unit="tree", disable=not progress):
+        D = depth_for(V, W) if timed_verify else 2
+        cyc = in_situ_samples(engine, context_prompt(target.tokenizer, c), D, W, V, cycle_tokens,
+                              min_cycles=max(repeats, 8))
+        cyc = [x for x in cyc if x.verify_size == min(V, 1 + W + (D - 1) * W * W)]
+        if not cyc:
+            raise DraftGymError(f"profile: no cycles of the static tree ({D}, {W}, {V}) at context {c}")
+        if timed_verify:
+            add("verify", stats_of([x.t_verify for x in cyc]), verify_size=V, context_len=c)
+        drafts.setdefault((W, c), []).extend(x.t_draft / x.depth for x in cyc)
+    for (W, c), ts in drafts.items():
+        add("draft_step", stats_of(ts), width=W, context_len=c)
     add("policy", time_op(policy_op(device=dev), dev, warmup=5, repeats=50))
-    over = measure_overhead(Engine(target.model, head, target.eos_token_ids), target.tokenizer)
+    over = measure_overhead(engine, target.tokenizer)
     s = np.sort(np.array(over))
     add("overhead", {"n": len(s), "median": float(np.median(s)), "p10": float(np.quantile(s, 0.1)),
                      "p90": float(np.quantile(s, 0.9)), "mean": float(s.mean())}, width=10, verify_size=60)
@@ -99,7 +168,10 @@ def add_profile(sub) -> None:
     p.add_argument("--widths", default="10")
     p.add_argument("--verify-sizes", default=",".join(map(str, DEFAULT_VERIFY_SIZES)))
     p.add_argument("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)))
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5, help="at least this many cycles (in situ) or timed calls (isolated)")
+    p.add_argument("--cycle-tokens", type=int, default=24, help="in situ: new tokens per profiling generation")
+    p.add_argument("--isolated", action="store_true",
+                   help="also time the bare ops in a tight loop (ops verify_isolated / draft_isolated)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--out", default="data/logs")
@@ -116,6 +188,7 @@ def _run_profile_cli(args) -> int:
     r = run_profile(args.model, args.head, args.out, widths=parse_positive_ints(args.widths, "--widths"),
                     verify_sizes=parse_positive_ints(args.verify_sizes, "--verify-sizes"),
                     contexts=parse_positive_ints(args.contexts, "--contexts"),
-                    repeats=args.repeats, device=args.device, dtype=args.dtype)
+                    repeats=args.repeats, device=args.device, dtype=args.dtype, isolated=args.isolated,
+                    cycle_tokens=args.cycle_tokens)
     print(json.dumps(r) if args.json else f"profiled {r['rows']} ops on {r['device']} -> {r['path']}")
     return 0

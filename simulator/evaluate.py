@@ -87,14 +87,15 @@ def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | N
     }
     results = {name: metrics(r, ref, groups) for name, r in ref.items()}
     for spec in policies or []:
+        if spec in results:                       # e.g. --policy oracle: already a reference row
+            continue
         try:
             pol = load_policy(spec, logs=ev, latency=lat, fit_logs=fit_logs)
             res = simulate(pol, ev, lat)
         except ValueError as e:
             raise DraftGymError(f"policy {spec}: {e}") from None
-        name = spec if spec not in results else f"{spec} (again)"
-        results[name] = metrics(res, ref, groups)
-        results[name]["all"]["policy_name"] = getattr(pol, "name", spec)
+        results[spec] = metrics(res, ref, groups)
+        results[spec]["all"]["policy_name"] = getattr(pol, "name", spec)
     return {"logs": str(logs_root), "model": ev.model, "temperature": ev.temperature, "split": split,
             "tune_split": tune, "latency": lat.meta, "static_default": list(default),
             "grid_best": {d: list(v["config"]) for d, v in gs["by_dataset"].items()},

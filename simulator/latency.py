@@ -13,7 +13,7 @@ Cycle time (what the env charges, design.md "cycle reward"):
     t_cycle = D * t_draft(W, c) + t_verify(V_eff, c) + n_calls * t_policy + t_overhead(c)
     V_eff   = min(V, 1 + W + (D-1) W^2)      (the engine clamps V to 1 + pool size)
 
-Interpolation. For one op, the measured medians form a surface over (x, c) with x = W (draft),
+Interpolation. For one op, the measured means (the `point` statistic; see from_rows) form a surface over (x, c) with x = W (draft),
 V (verify) or nothing (overhead). At each measured context level c_k we interpolate piecewise
 linearly in x (np.interp; flat beyond the measured range), then linearly between the two
 neighbouring context levels (flat beyond the measured levels). The model is therefore exact at
@@ -154,8 +154,16 @@ class LatencyModel:
 
     # ---- constructors
     @classmethod
-    def from_rows(cls, rows, model: str | None = None, profile: str | None = None) -> "LatencyModel":
-        """rows: a pyarrow Table or list of dicts with LATENCY columns."""
+    def from_rows(cls, rows, model: str | None = None, profile: str | None = None,
+                  point: str = "mean") -> "LatencyModel":
+        """rows: a pyarrow Table or list of dicts with LATENCY columns.
+
+        point: the measured statistic the model predicts (its central value). "mean" (default): the
+        expected time, which is what a throughput (tokens / total time) integrates; on a CPU the
+        in-situ verify times are right-skewed (mean 5-7 % above the median), so medians would make
+        every method look faster than it is. "median" for robust comparisons of profiles."""
+        if point not in ("mean", "median"):
+            raise ValueError(f"point must be 'mean' or 'median', got {point!r}")
         if hasattr(rows, "to_pylist"):
             rows = rows.to_pylist()
         rows = [r for r in rows if int(r.get("batch") or 1) in (0, 1)]
@@ -180,27 +188,28 @@ class LatencyModel:
                 raise DataError(f"latency profile {profile!r} has no {op!r} rows")
         col = lambda rs, k: [float(r[k]) for r in rs]
         draft = Surface(col(by["draft_step"], "width"), col(by["draft_step"], "context_len"),
-                        col(by["draft_step"], "median"), col(by["draft_step"], "p10"), col(by["draft_step"], "p90"))
-        verify = Surface(col(by["verify"], "verify_size"), col(by["verify"], "context_len"), col(by["verify"], "median"),
+                        col(by["draft_step"], point), col(by["draft_step"], "p10"), col(by["draft_step"], "p90"))
+        verify = Surface(col(by["verify"], "verify_size"), col(by["verify"], "context_len"), col(by["verify"], point),
                          col(by["verify"], "p10"), col(by["verify"], "p90"))
         if by["overhead"]:
             ov = by["overhead"]
-            overhead = Surface([0.0] * len(ov), col(ov, "context_len"), col(ov, "median"), col(ov, "p10"),
+            overhead = Surface([0.0] * len(ov), col(ov, "context_len"), col(ov, point), col(ov, "p10"),
                                col(ov, "p90"))
         else:
             overhead = Surface([0.0], [0.0], [0.0])
         pol = by["policy"]
-        policy_s = float(np.mean(col(pol, "median"))) if pol else 0.0
+        policy_s = float(np.mean(col(pol, point))) if pol else 0.0
         spread = ((float(np.mean(col(pol, "p10"))) / policy_s, float(np.mean(col(pol, "p90"))) / policy_s)
                   if pol and policy_s > 0 else (1.0, 1.0))
-        costs = {r["op"].removeprefix("policy:"): float(r["median"]) for r in rows if r["op"].startswith("policy:")}
+        costs = {r["op"].removeprefix("policy:"): float(r[point]) for r in rows if r["op"].startswith("policy:")}
         meta = {"profile_id": profile, "device": rows[0].get("device"), "model_id": rows[0].get("model_id"),
                 "dtype": rows[0].get("dtype"), "n_rows": len(rows), "has_overhead": bool(by["overhead"]),
-                "has_policy": bool(pol), "note": note}
+                "has_policy": bool(pol), "note": note, "point": point}
         return cls(draft, verify, overhead, policy_s, spread, meta, costs)
 
     @classmethod
-    def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None) -> "LatencyModel":
+    def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None,
+                  point: str = "mean") -> "LatencyModel":
         """All latency shards under <root>/latency (any partitioning), checked reads."""
         files = table_files(root, "latency")
         if not files:
@@ -208,7 +217,7 @@ class LatencyModel:
         rows = []
         for f in files:
             rows += read_table(f, "latency").to_pylist()
-        return cls.from_rows(rows, model=model, profile=profile)
+        return cls.from_rows(rows, model=model, profile=profile, point=point)
 
     @classmethod
     def from_constants(cls, draft_step: float = 0.006, verify: float = 0.05, policy: float = 0.0,
