@@ -74,28 +74,44 @@ def stats_of(samples) -> dict:
             "p90": float(np.quantile(s, 0.9)), "mean": float(s.mean())}
 
 
-def in_situ_samples(engine, prompt_ids: list[int], depth: int, width: int, verify_size: int, cycle_tokens: int,
-                    min_cycles: int = 8) -> list:
-    """CycleRecords of static (D, W, V) decoding from `prompt_ids` (after a warm-up generation)."""
+def in_situ_samples(engine, tokenizer, context_len: int, depth: int, width: int, verify_size: int,
+                    cycle_tokens: int, min_cycles: int = 8) -> list:
+    """CycleRecords of greedy static (D, W, V) decoding from prompts of exactly `context_len` tokens
+    (after a warm-up generation). A prompt whose greedy answer ends at once (EOS) gives no cycles, so
+    up to 8 prompt variants are tried until `min_cycles` cycles are in."""
     from pipeline.controller import StaticController
 
     ctrl = StaticController(depth, width, verify_size)
-    engine.generate(prompt_ids, 4, controller=ctrl)
-    cycles = []
-    for _ in range(3):                       # EOS can end a generation early: top up
-        cycles += engine.generate(prompt_ids, cycle_tokens, controller=ctrl).cycles
+    cycles, warm = [], False
+    for variant in range(8):
+        ids = context_prompt(tokenizer, context_len, variant)
+        if not warm:
+            engine.generate(ids, 4, controller=ctrl)
+            warm = True
+        cycles += engine.generate(ids, cycle_tokens, controller=ctrl).cycles
         if len(cycles) >= min_cycles:
             break
     return cycles
 
 
-def context_prompt(tokenizer, n: int) -> list[int]:
-    """A prompt of exactly n tokens (a chat-formatted request, tiled)."""
+PROFILE_REQUESTS = ("Explain how a hash map works, step by step, with a short Python example.",
+                    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+                    "List five practical tips for learning a new language as an adult, and explain each.",
+                    "Describe the water cycle to a ten-year-old.")
+
+
+def context_prompt(tokenizer, n: int, variant: int = 0) -> list[int]:
+    """A prompt of exactly n tokens: chat-formatted requests tiled in front of one final request
+    (the last tokens are always a complete request and the assistant header)."""
     from pipeline.target import encode_prompt
 
-    base = encode_prompt(tokenizer, "Explain how a hash map works, step by step, with a short Python example, "
-                                    "and compare it with a binary search tree.")
-    return (base * (n // len(base) + 1))[-n:]
+    k = len(PROFILE_REQUESTS)
+    last = encode_prompt(tokenizer, PROFILE_REQUESTS[variant % k] + " " * (variant // k))
+    filler = encode_prompt(tokenizer, PROFILE_REQUESTS[(variant + 1) % k])
+    if len(last) >= n:
+        return last[-n:]
+    pad = n - len(last)
+    return (filler * (pad // len(filler) + 1))[:pad] + last
 
 
 def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
@@ -141,8 +157,7 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     drafts: dict[tuple[int, int], list[float]] = {}
     for W, V, c, timed_verify in tqdm(jobs, desc="profile", unit="tree", disable=not progress):
         D = depth_for(V, W) if timed_verify else 2
-        cyc = in_situ_samples(engine, context_prompt(target.tokenizer, c), D, W, V, cycle_tokens,
-                              min_cycles=max(repeats, 8))
+        cyc = in_situ_samples(engine, target.tokenizer, c, D, W, V, cycle_tokens, min_cycles=max(repeats, 8))
         cyc = [x for x in cyc if x.verify_size == min(V, 1 + W + (D - 1) * W * W)]
         if not cyc:
             raise DraftGymError(f"profile: no cycles of the static tree ({D}, {W}, {V}) at context {c}")
