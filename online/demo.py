@@ -26,7 +26,10 @@ from pipeline.head import DEFAULT_HEAD_DIR
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="data/demo")
+    ap.add_argument("--model", default="smollm2-135m", help="target (the embedded default, or a HF directory / hub id)")
     ap.add_argument("--head", default=None, help="default: the shipped head if present, else random")
+    ap.add_argument("--verify-sizes", default="1,2,4,8,16,32,60,100,160,240", help="profile: V values")
+    ap.add_argument("--contexts", default="32,128,512", help="profile: context lengths")
     ap.add_argument("--datasets", default="mt-bench,humaneval")
     ap.add_argument("--train-prompts", type=int, default=4, help="per dataset, train split")
     ap.add_argument("--test-prompts", type=int, default=2, help="per dataset, test split")
@@ -42,21 +45,21 @@ def main(argv=None) -> int:
     steps = []
     for ds in args.datasets.split(","):
         for split, n in (("train", args.train_prompts), ("test", args.test_prompts)):
-            steps.append(["collect", "--head", head, "--dataset", ds, "--split", split, "--n-prompts", str(n),
+            steps.append(["collect", "--model", args.model, "--head", head, "--dataset", ds, "--split", split, "--n-prompts", str(n),
                           "--max-new-tokens", str(args.max_new_tokens), "--out", str(logs)]
                          + (["--no-ray"] if args.no_ray else []))
     steps += [
-        ["profile", "--head", head, "--verify-sizes", "1,2,4,8,16,32,60,100,160,240", "--contexts", "32,128,512",
+        ["profile", "--model", args.model, "--head", head, "--verify-sizes", args.verify_sizes, "--contexts", args.contexts,
          "--repeats", "3", "--cycle-tokens", "16", "--out", str(logs)],
         ["train", "--method", "ltd", "--logs", str(logs), "--out", str(policy), "--steps", str(args.ltd_steps),
          "--iters", "0,1", "--action-space", "wide"],   # wide: small trees too (a superset of LTD's 20..240)
-        ["profile-policy", "--head", head, "--policy", str(policy), "--logs", str(logs)],
+        ["profile-policy", "--model", args.model, "--head", head, "--policy", str(policy), "--logs", str(logs)],
         ["evaluate", "--logs", str(logs), "--split", "test", "--policy", str(policy), "--policy", "goodput"],
-        ["validate", "--head", head, "--policy", str(policy), "--dataset", args.datasets, "--n-prompts",
+        ["validate", "--model", args.model, "--head", head, "--policy", str(policy), "--dataset", args.datasets, "--n-prompts",
          str(args.test_prompts), "--runs", str(args.runs), "--max-new-tokens", str(args.max_new_tokens),
          "--logs", str(logs), "--out", str(report)],
     ]
-    print(f"DraftGym demo: smollm2-135m, head {head}, output under {out}/", flush=True)
+    print(f"DraftGym demo: {args.model}, head {head}, output under {out}/", flush=True)
     for i, cmd in enumerate(steps, 1):
         print(f"\n[{i}/{len(steps)}] draftgym {shlex.join(cmd)}", flush=True)
         rc = draftgym(cmd)

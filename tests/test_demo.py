@@ -1,0 +1,23 @@
+"""`make demo`'s chain (collect -> profile -> train -> profile-policy -> evaluate -> validate) end to
+end, on a tiny random target with tiny sizes (the real demo runs the embedded default)."""
+from __future__ import annotations
+
+import json
+
+from online import demo
+
+
+def test_demo_chain_tiny(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "demo"
+    rc = demo.main(["--model", str(tiny_model_dir), "--head", "random", "--out", str(out), "--train-prompts", "2",
+                    "--test-prompts", "1", "--max-new-tokens", "8", "--ltd-steps", "2048", "--no-ray",
+                    "--verify-sizes", "1,4,16,60", "--contexts", "16,64"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "[9/9] draftgym validate" in printed and "demo finished" in printed
+    rep = json.loads((out / "report" / "report.json").read_text())
+    assert set(rep["datasets"]) == {"mt-bench", "humaneval"}
+    for e in rep["datasets"].values():
+        assert e["lossless"] and "ltd" in e["methods"]
+    assert (out / "policies" / "ltd" / "manifest.json").is_file()
+    assert list((out / "logs" / "latency").rglob("*-policies-*.parquet"))      # profile-policy ran
