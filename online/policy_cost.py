@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import DataError, DraftGymError
@@ -70,12 +69,12 @@ def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135
     from pipeline.fingerprint import device_name, environment_fingerprint
     from pipeline.generate import load_head_for
     from pipeline.target import load_target
-    from simulator.policy import PolicyController, latency_key, load_checkpoint
+    from pipeline.profile import stats_of
+    from simulator.policy import PolicyController, load_checkpoint
 
     if not table_files(logs, "latency"):       # fail before loading any model
         raise DataError(f"no latency profile under {logs}/latency (run `draftgym profile` first)")
-    for spec in policies:
-        load_checkpoint(spec)
+    loaded = [(spec, load_checkpoint(spec)) for spec in policies]     # bad checkpoints fail before the model loads
     target = load_target(model, device=device)
     head = load_head_for(head_spec, target.model)
     dev = target.device
@@ -83,14 +82,12 @@ def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135
     engine = Engine(target.model, head, target.eos_token_ids)
     env = json.dumps(environment_fingerprint(dev))
     rows, out = [], {}
-    for spec in tqdm(policies, desc="profile-policy", unit="policy", disable=not progress):
-        policy = load_checkpoint(spec)
-        key = latency_key(spec)
-        per_call = np.array(measure_policy_cost(engine, target.tokenizer, PolicyController(policy), n_tokens))
-        if per_call.size == 0:
+    for spec, policy in tqdm(loaded, desc="profile-policy", unit="policy", disable=not progress):
+        key = policy.latency_key
+        per_call = measure_policy_cost(engine, target.tokenizer, PolicyController(policy), n_tokens)
+        if not per_call:
             raise DraftGymError(f"{spec}: the policy made no calls (nothing to time)")
-        stats = {"n": int(per_call.size), "median": float(np.median(per_call)), "p10": float(np.quantile(per_call, 0.1)),
-                 "p90": float(np.quantile(per_call, 0.9)), "mean": float(per_call.mean())}
+        stats = stats_of(per_call)
         rows.append({"schema_version": SCHEMA_VERSION, "profile_id": base["profile_id"], "device": base["device"],
                      "device_type": base["device_type"], "model_id": model, "head_id": base["head_id"],
                      "dtype": base["dtype"], "op": f"policy:{key}", "width": 0, "verify_size": 0, "context_len": 0,

@@ -69,7 +69,8 @@ def depth_for(V: int, W: int, max_depth: int = 12) -> int:
 
 
 def stats_of(samples) -> dict:
-    s = np.sort(np.asarray(samples, np.float64))
+    """LATENCY statistics of timing samples (seconds): n, median, p10, p90, mean."""
+    s = np.asarray(samples, np.float64)
     return {"n": int(s.size), "median": float(np.median(s)), "p10": float(np.quantile(s, 0.1)),
             "p90": float(np.quantile(s, 0.9)), "mean": float(s.mean())}
 
@@ -167,10 +168,7 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     for (W, c), ts in drafts.items():
         add("draft_step", stats_of(ts), width=W, context_len=c)
     add("policy", time_op(policy_op(device=dev), dev, warmup=5, repeats=50))
-    over = measure_overhead(engine, target.tokenizer)
-    s = np.sort(np.array(over))
-    add("overhead", {"n": len(s), "median": float(np.median(s)), "p10": float(np.quantile(s, 0.1)),
-                     "p90": float(np.quantile(s, 0.9)), "mean": float(s.mean())}, width=10, verify_size=60)
+    add("overhead", stats_of(measure_overhead(engine, target.tokenizer)), width=10, verify_size=60)
     path = partition_dir(out, "latency", model, "_profile", 0.0).parent.parent / f"{profile_id}.parquet"
     write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
     return {"profile_id": profile_id, "device": device_name(dev), "rows": len(rows), "path": str(path)}

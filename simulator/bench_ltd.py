@@ -17,9 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeline.fingerprint import environment_fingerprint
-from simulator import observations as obs
 from simulator.train_common import load_training_data
-from simulator.train_ltd import LTDConfig, train_ltd
+from simulator.train_ltd import config_from_args, train_ltd
 
 
 def main(argv=None) -> int:
@@ -33,11 +32,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     data = load_training_data(args.logs)
-    cfg = LTDConfig(width=data.train.width, seed=args.seed, depth_steps=args.steps, size_steps=1, iters=(0,))
-    if args.action_space == "wide":
-        cfg = replace(cfg, size_values=obs.size_actions("wide", data.train.verify_grid))
-    from simulator.train_common import resolve_verify_size
-    cfg = replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size))
+    cfg = replace(config_from_args(args, data), depth_steps=args.steps, size_steps=1, iters=(0,))
     t_load = time.perf_counter() - t0
     res = train_ltd(data, cfg, progress=True)
     depth_hist = [h for h in res["history"] if h["phase"] == "iter0-depth"]

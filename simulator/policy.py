@@ -373,11 +373,11 @@ def load_checkpoint(path: str | Path, sample: bool = False, hold: int | None = N
         nets[cname] = net
     sh, name, method = man.get("shape", {}), man.get("name", path.name), man["method"]
     policy = _build_checkpoint_policy(man, nets, sh, name, method, path, sample, hold)
-    policy.latency_key = latency_key(path)
+    policy.latency_key = latency_key(path, man)
     return policy
 
 
-def latency_key(path: str | Path) -> str:
+def latency_key(path: str | Path, man: dict | None = None) -> str:
     """'<name>-<10 hex>': the checkpoint's identity in a latency profile (`draftgym profile-policy`
     writes op = 'policy:<key>' rows; the replay charges that measured cost per call). The hash covers
     manifest.json and every weight file, so a retrained policy never inherits an old figure."""
@@ -386,7 +386,7 @@ def latency_key(path: str | Path) -> str:
     path = Path(path)
     if path.name == "manifest.json":
         path = path.parent
-    man = read_manifest(path)
+    man = read_manifest(path) if man is None else man
     h = hashlib.sha256((path / "manifest.json").read_bytes())
     for c in sorted(man["components"].values(), key=lambda c: c["file"]):
         h.update((path / c["file"]).read_bytes())

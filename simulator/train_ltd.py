@@ -137,17 +137,22 @@ def save_ltd(out, name: str, depth_net, size_net, cfg: LTDConfig, training: dict
                                                  "verify_size": cfg.verify_size, "depth": cfg.fixed_depth}, training)
 
 
+def config_from_args(args, data: TrainData) -> LTDConfig:
+    """LTDConfig for the logs' width, --seed, --action-space (size actions) and --verify-size."""
+    cfg = LTDConfig(width=data.train.width, seed=args.seed)
+    space = getattr(args, "action_space", "seeds")
+    if space != "seeds":
+        cfg = replace(cfg, size_values=obs.size_actions(space, data.train.verify_grid))
+    return replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size))
+
+
 def run_cli(args) -> int:
     from pathlib import Path
 
     t0 = time.perf_counter()
     data = load_training_data(args.logs, args.model, args.temperature, args.dataset, args.split, args.width,
                               profile=args.profile, latency_root=args.latency)
-    cfg = LTDConfig(width=data.train.width, seed=args.seed)
-    space = getattr(args, "action_space", "seeds")
-    if space != "seeds":
-        cfg = replace(cfg, size_values=obs.size_actions(space, data.train.verify_grid))
-    cfg = replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size))
+    cfg = config_from_args(args, data)
     if args.steps:
         cfg = replace(cfg, depth_steps=args.steps, size_steps=max(2048, args.steps // 4))
     if args.iters:

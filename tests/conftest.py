@@ -46,3 +46,19 @@ def tiny_model_dir(tmp_path_factory):
     model.save_pretrained(d)
     AutoTokenizer.from_pretrained(_materialise_smollm2()).save_pretrained(d)
     return d
+
+
+def build_tiny_logs(logs, model_dir, n_prompts: int):
+    """Logs a `draftgym validate` can use, on the tiny target: MT-bench test + train collections
+    (random head, 16 new tokens, W = 10) and a small latency profile. Returns `logs`."""
+    from online.cli import main as cli
+    from pipeline.collect import CollectConfig
+    from pipeline.collect_job import run_collect
+
+    for split in ("test", "train"):
+        cfg = CollectConfig(model=str(model_dir), head="random", dataset="mt-bench", split=split, n_prompts=n_prompts,
+                            max_new_tokens=16, widths=(10,), max_depth=12)
+        run_collect(cfg, logs, use_ray=False, progress=False)
+    assert cli(["profile", "--model", str(model_dir), "--head", "random", "--verify-sizes", "1,8,60,240",
+                "--contexts", "64,256", "--repeats", "2", "--out", str(logs)]) == 0
+    return logs

@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from online.cli import main as cli
-from pipeline.collect import CollectConfig
-from pipeline.collect_job import run_collect
+from tests.conftest import build_tiny_logs
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "03_sim_vs_real.ipynb"
@@ -34,13 +33,7 @@ def test_notebook_is_clean():
 def test_notebook_sim_vs_real_on_tiny_report(tmp_path, tiny_model_dir, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    logs, pol, report = tmp_path / "logs", tmp_path / "ltd", tmp_path / "report"
-    for split in ("test", "train"):
-        cfg = CollectConfig(model=str(tiny_model_dir), head="random", dataset="mt-bench", split=split, n_prompts=2,
-                            max_new_tokens=16, widths=(10,), max_depth=12)
-        run_collect(cfg, logs, use_ray=False, progress=False)
-    assert cli(["profile", "--model", str(tiny_model_dir), "--head", "random", "--verify-sizes", "1,8,60,240",
-                "--contexts", "64,256", "--repeats", "2", "--out", str(logs)]) == 0
+    logs, pol, report = build_tiny_logs(tmp_path / "logs", tiny_model_dir, n_prompts=2), tmp_path / "ltd", tmp_path / "report"
     assert cli(["train", "--method", "ltd", "--logs", str(logs), "--model", str(tiny_model_dir), "--out", str(pol),
                 "--steps", "2000", "--iters", "0", "--no-progress"]) == 0
     assert cli(["validate", "--model", str(tiny_model_dir), "--head", "random", "--policy", str(pol),

@@ -6,20 +6,12 @@ import json
 import pytest
 
 from online.cli import main as cli
-from pipeline.collect import CollectConfig
-from pipeline.collect_job import run_collect
+from tests.conftest import build_tiny_logs
 
 
 @pytest.fixture(scope="module")
 def tiny_logs(tmp_path_factory, tiny_model_dir):
-    logs = tmp_path_factory.mktemp("logs")
-    for split in ("test", "train"):
-        cfg = CollectConfig(model=str(tiny_model_dir), head="random", dataset="mt-bench", split=split, n_prompts=3,
-                            max_new_tokens=16, widths=(10,), max_depth=12)
-        run_collect(cfg, logs, use_ray=False, progress=False)
-    assert cli(["profile", "--model", str(tiny_model_dir), "--head", "random", "--verify-sizes", "1,8,60,240",
-                "--contexts", "64,256", "--repeats", "2", "--out", str(logs)]) == 0
-    return logs
+    return build_tiny_logs(tmp_path_factory.mktemp("logs"), tiny_model_dir, n_prompts=3)
 
 
 def test_validate_end_to_end(tmp_path, tiny_model_dir, tiny_logs, capsys):
