@@ -51,4 +51,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import sys
+
+    from pipeline.errors import DraftGymError
+
+    try:
+        raise SystemExit(main())
+    except DraftGymError as e:                  # bad --logs etc.: one line, like the draftgym CLI
+        print(f"bench_ltd: error: {e}", file=sys.stderr)
+        raise SystemExit(2)
