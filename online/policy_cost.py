@@ -63,28 +63,38 @@ def measure_policy_cost(engine, tokenizer, controller, n_tokens: int = 48, promp
 
 def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135m", head_spec: str = "default",
                        n_tokens: int = 48, device: str | None = None, progress: bool = True) -> dict:
-    from tqdm import tqdm
-
+    """Load the checkpoints, the target and the head, then `profile_policies`."""
     from pipeline.engine import Engine
-    from pipeline.fingerprint import device_name, environment_fingerprint
     from pipeline.generate import load_head_for
     from pipeline.target import load_target
-    from pipeline.profile import stats_of
-    from simulator.policy import PolicyController, load_checkpoint
+    from simulator.policy import load_checkpoint
 
     if not table_files(logs, "latency"):       # fail before loading any model
         raise DataError(f"no latency profile under {logs}/latency (run `draftgym profile` first)")
     loaded = [(spec, load_checkpoint(spec)) for spec in policies]     # bad checkpoints fail before the model loads
     target = load_target(model, device=device)
     head = load_head_for(head_spec, target.model)
-    dev = target.device
-    base = newest_profile(logs, model, device_name(dev))
     engine = Engine(target.model, head, target.eos_token_ids)
+    return profile_policies(engine, target.tokenizer, loaded, logs, model, n_tokens, progress)
+
+
+def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_tokens: int = 48,
+                     progress: bool = True) -> dict:
+    """loaded: [(spec, Policy from load_checkpoint)]. Times each in `engine` and writes its
+    'policy:<latency_key>' row next to the newest profile of this device under `logs`."""
+    from tqdm import tqdm
+
+    from pipeline.fingerprint import device_name, environment_fingerprint
+    from pipeline.profile import stats_of
+    from simulator.policy import PolicyController
+
+    dev = engine.device
+    base = newest_profile(logs, model, device_name(dev))
     env = json.dumps(environment_fingerprint(dev))
     rows, out = [], {}
     for spec, policy in tqdm(loaded, desc="profile-policy", unit="policy", disable=not progress):
         key = policy.latency_key
-        per_call = measure_policy_cost(engine, target.tokenizer, PolicyController(policy), n_tokens)
+        per_call = measure_policy_cost(engine, tokenizer, PolicyController(policy), n_tokens)
         if not per_call:
             raise DraftGymError(f"{spec}: the policy made no calls (nothing to time)")
         stats = stats_of(per_call)

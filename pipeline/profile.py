@@ -119,16 +119,30 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
                 contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, device: str | None = None,
                 dtype: str | None = None, progress: bool = True, isolated: bool = False,
                 cycle_tokens: int = 24) -> dict:
+    """Load the target and head, then `profile_engine`."""
     from pipeline.engine import Engine
-    from pipeline.fingerprint import device_name, environment_fingerprint
     from pipeline.generate import load_head_for
     from pipeline.target import load_target
 
     target = load_target(model, device=device, dtype=dtype)
     head = load_head_for(head_spec, target.model)
-    dev = target.device
+    engine = Engine(target.model, head, target.eos_token_ids)
+    return profile_engine(engine, target.tokenizer, model, out, widths=widths, verify_sizes=verify_sizes,
+                          contexts=contexts, repeats=repeats, warmup=warmup, progress=progress, isolated=isolated,
+                          cycle_tokens=cycle_tokens)
+
+
+def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
+                   contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, progress: bool = True,
+                   isolated: bool = False, cycle_tokens: int = 24) -> dict:
+    """Profile a loaded engine (its target and head) into a new `latency` file under `out`.
+    `draftgym validate --profile-first` calls this with the engine it is about to validate on."""
+    from pipeline.fingerprint import device_name, environment_fingerprint
+
+    target_model, head = engine.model, engine.head
+    dev = engine.device
     env = environment_fingerprint(dev)
-    max_ctx = target.model.config.max_position_embeddings - max(verify_sizes) - cycle_tokens - 1
+    max_ctx = target_model.config.max_position_embeddings - max(verify_sizes) - cycle_tokens - 1
     contexts = [c for c in contexts if c <= max_ctx]
     if not contexts:
         raise DraftGymError(f"no profiling context length fits the target's {max_ctx} positions")
@@ -138,17 +152,16 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     def add(op, stats, width=0, verify_size=0, context_len=0):
         rows.append({"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device_name(dev),
                      "device_type": dev.type, "model_id": model, "head_id": head.head_id,
-                     "dtype": str(next(target.model.parameters()).dtype).removeprefix("torch."), "op": op,
+                     "dtype": str(next(target_model.parameters()).dtype).removeprefix("torch."), "op": op,
                      "width": width, "verify_size": verify_size, "context_len": context_len, "batch": 1,
                      "n": stats["n"], "median": stats["median"], "p10": stats["p10"], "p90": stats["p90"],
                      "mean": stats["mean"], "env_json": json.dumps(env)})
 
-    engine = Engine(target.model, head, target.eos_token_ids)
     if isolated:
         jobs = [("draft_isolated", W, 0, c) for W in widths for c in contexts] + \
                [("verify_isolated", 0, V, c) for V in verify_sizes for c in contexts]
         for op, W, V, c in tqdm(jobs, desc="profile (isolated)", unit="op", disable=not progress):
-            fn = draft_op(head, W, c) if op == "draft_isolated" else verify_op(target.model, V, c, head=head)
+            fn = draft_op(head, W, c) if op == "draft_isolated" else verify_op(target_model, V, c, head=head)
             add(op, time_op(fn, dev, warmup=warmup, repeats=repeats), width=W, verify_size=V, context_len=c)
     # in situ: real static-tree cycles. verify per (V, c) with the first width; draft per (W, c),
     # pooled over those trees (and, for further widths, over one 2-level tree each)
@@ -158,7 +171,7 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     drafts: dict[tuple[int, int], list[float]] = {}
     for W, V, c, timed_verify in tqdm(jobs, desc="profile", unit="tree", disable=not progress):
         D = depth_for(V, W) if timed_verify else 2
-        cyc = in_situ_samples(engine, target.tokenizer, c, D, W, V, cycle_tokens, min_cycles=max(repeats, 8))
+        cyc = in_situ_samples(engine, tokenizer, c, D, W, V, cycle_tokens, min_cycles=max(repeats, 8))
         cyc = [x for x in cyc if x.verify_size == min(V, 1 + W + (D - 1) * W * W)]
         if not cyc:
             raise DraftGymError(f"profile: no cycles of the static tree ({D}, {W}, {V}) at context {c}")
@@ -168,7 +181,7 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     for (W, c), ts in drafts.items():
         add("draft_step", stats_of(ts), width=W, context_len=c)
     add("policy", time_op(policy_op(device=dev), dev, warmup=5, repeats=50))
-    add("overhead", stats_of(measure_overhead(engine, target.tokenizer)), width=10, verify_size=60)
+    add("overhead", stats_of(measure_overhead(engine, tokenizer)), width=10, verify_size=60)
     path = partition_dir(out, "latency", model, "_profile", 0.0).parent.parent / f"{profile_id}.parquet"
     write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
     return {"profile_id": profile_id, "device": device_name(dev), "rows": len(rows), "path": str(path)}

@@ -155,7 +155,7 @@ class LatencyModel:
     # ---- constructors
     @classmethod
     def from_rows(cls, rows, model: str | None = None, profile: str | None = None,
-                  point: str = "mean") -> "LatencyModel":
+                  point: str = "mean", device: str | None = None) -> "LatencyModel":
         """rows: a pyarrow Table or list of dicts with LATENCY columns.
 
         point: the measured statistic the model predicts (its central value). "mean" (default): the
@@ -172,6 +172,13 @@ class LatencyModel:
             rows = [r for r in rows if r["model_id"] == model or safe(r["model_id"]) == safe(model)]
         if not rows:
             raise DataError(f"no batch-1 latency rows{'' if model is None else f' for model {model}'}")
+        if device is not None:
+            # device: only profiles of this device (validate: the one it decodes on)
+            have = sorted({str(r.get("device")) for r in rows})
+            rows = [r for r in rows if r.get("device") == device]
+            if not rows:
+                raise DataError(f"no latency profile for device {device!r} (profiles exist for: {', '.join(have)}); "
+                                f"run `draftgym profile` on this device, or validate with --profile-first")
         profiles = sorted({r["profile_id"] for r in rows})
         note = None
         if profile is None:
@@ -209,7 +216,7 @@ class LatencyModel:
 
     @classmethod
     def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None,
-                  point: str = "mean") -> "LatencyModel":
+                  point: str = "mean", device: str | None = None) -> "LatencyModel":
         """All latency shards under <root>/latency (any partitioning), checked reads."""
         files = table_files(root, "latency")
         if not files:
@@ -217,7 +224,7 @@ class LatencyModel:
         rows = []
         for f in files:
             rows += read_table(f, "latency").to_pylist()
-        return cls.from_rows(rows, model=model, profile=profile, point=point)
+        return cls.from_rows(rows, model=model, profile=profile, point=point, device=device)
 
     @classmethod
     def from_constants(cls, draft_step: float = 0.006, verify: float = 0.05, policy: float = 0.0,

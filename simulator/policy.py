@@ -178,6 +178,68 @@ def set_obs_norm(net, observations: np.ndarray, min_std: float = 1e-2) -> None:
     layer.std.copy_(torch.from_numpy(sd.astype(np.float32)))
 
 
+class NumpyMLP:
+    """Batch-1 forward of an `mlp` net (build_net) in numpy: the online controller's path.
+
+    Same weights and the same function as the torch module, up to float rounding (the tests check
+    logits to 1e-5 and the argmax). Why: inside decoding every call sits between two cache-flushing
+    verify forwards, and torch's per-op dispatch (~10 us per op, cold) cost LTD 1.5 % of decode
+    time (BENCHMARKS.md E2); numpy's is ~1 us.
+
+    `live`: when the input's columns [live, in - tail) are known to hold one constant vector `pad`
+    (LTD's size observation: levels deeper than the drafted depth are SCORE_FLOOR), the first layer
+    is  h1 = b1 + x[:live] W1[:live] + x[-tail:] W1[-tail:] + c(live),
+            c(live) = norm(pad)[live:-tail] W1[live:-tail]   (cached per live),
+    so a depth-1 tree reads 12 of LTD's 1112 weight rows instead of all of them. Rows are columns
+    of the torch weight: W1 here is weight.T, [in, out].
+    """
+
+    def __init__(self, net, pad: np.ndarray | None = None, tail: int = 0):
+        import torch.nn as nn
+
+        mods = list(net)
+        self.mean = self.std = None
+        if not isinstance(mods[0], nn.Linear):          # ObsNorm first
+            self.mean = mods[0].mean.detach().numpy().astype(np.float32)
+            self.std = mods[0].std.detach().numpy().astype(np.float32)
+            mods = mods[1:]
+        self.layers = [(np.ascontiguousarray(m.weight.detach().numpy().T), m.bias.detach().numpy().copy())
+                       for m in mods if isinstance(m, nn.Linear)]     # [in, out], [out]
+        self.pad, self.tail, self._const = pad, tail, {}
+        self.version = self.weights_version(net)
+
+    @staticmethod
+    def weights_version(net) -> int:
+        """Sum of the parameters' and buffers' in-place version counters: changes on every optimiser step."""
+        return sum(t._version for t in list(net.parameters()) + list(net.buffers()))
+
+    @classmethod
+    def fresh(cls, cached, net, **kw) -> "NumpyMLP":
+        """`cached` if the net's weights have not changed since it was built, else a new copy."""
+        return cached if cached is not None and cached.version == cls.weights_version(net) else cls(net, **kw)
+
+    def _norm(self, x):
+        return x if self.mean is None else (x - self.mean) / self.std
+
+    def __call__(self, x: np.ndarray, live: int | None = None) -> np.ndarray:
+        """x: [in] -> logits [out]."""
+        W1, b1 = self.layers[0]
+        n_in = W1.shape[0]
+        if live is None or self.pad is None or live >= n_in - self.tail:
+            h = self._norm(np.asarray(x, np.float32)) @ W1 + b1
+        else:
+            if live not in self._const:     # the padded columns' contribution, once per live prefix
+                padn = self._norm(self.pad.astype(np.float32))[live: n_in - self.tail]
+                self._const[live] = (padn @ W1[live: n_in - self.tail] + b1).astype(np.float32)
+            xn = self._norm(np.asarray(x, np.float32))
+            h = self._const[live] + xn[:live] @ W1[:live]
+            if self.tail:
+                h = h + xn[n_in - self.tail:] @ W1[n_in - self.tail:]
+        for W, b in self.layers[1:]:
+            h = np.maximum(h, 0.0) @ W + b
+        return h
+
+
 def _radar_net_cls():
     import torch
     import torch.nn as nn
@@ -239,6 +301,7 @@ class LTDPolicy(Policy):
         self.uses_depth_hook = depth_net is not None
         self.uses_size_hook = size_net is not None
         self.rng = np.random.default_rng(0)
+        self._np_depth = self._np_size = None      # NumpyMLP copies, built on the first batch-1 call
 
     def reset(self, n_envs, seed=0):
         self.rng = np.random.default_rng(seed)
@@ -251,10 +314,19 @@ class LTDPolicy(Policy):
         c = s.sorted_candidates
         o = obs.ltd_depth_obs(c if c is not None else s.candidate_scores, s.depth, s.context_len, self.width,
                               presorted=c is not None)
+        if len(o) == 1:                  # batch 1 (the online controller): numpy forward, same function
+            self._np_depth = NumpyMLP.fresh(self._np_depth, self.depth_net)
+            return _choose(self._np_depth(o[0])[None], self.sample, self.rng) == CONTINUE
         return _choose(_torch_logits(self.depth_net, o), self.sample, self.rng) == CONTINUE
 
     def verify_size(self, pool, verify):
         o = obs.ltd_size_obs(pool.level_scores, pool.depth, pool.context_len, self.width, self.max_depth, presorted=True)
+        if len(o) == 1:                  # batch 1: numpy, reading only the drafted levels' weight rows
+            self._np_size = NumpyMLP.fresh(self._np_size, self.size_net,
+                                           pad=np.full(o.shape[-1], obs.SCORE_FLOOR, np.float32), tail=2)
+            D = min(int(np.asarray(pool.depth).ravel()[0]), self.max_depth)
+            logits = self._np_size(o[0], live=self.width + (D - 1) * self.width * self.width)
+            return self.size_values[_choose(logits[None], self.sample, self.rng)]
         return self.size_values[_choose(_torch_logits(self.size_net, o), self.sample, self.rng)]
 
 
@@ -506,7 +578,11 @@ class PolicyController:
                 self.root[:k] = scores[:k]
                 if not self.policy.uses_size_hook:
                     return shape.verify_size
-                lv = obs.sort_levels(obs.level_scores_from_pool(scores, W, D, self.max_depth), W)
+                # only the D drafted levels need sorting; deeper ones are all-NaN, which sort_levels
+                # turns into SCORE_FLOOR rows: fill those directly (same array, ~10x less work at D = 1)
+                raw = obs.level_scores_from_pool(scores, W, D, self.max_depth)     # [Dmax, W*W]
+                lv = np.full(raw.shape, obs.SCORE_FLOOR, np.float32)
+                lv[:D] = obs.sort_levels(raw[:D], W)
                 p = PoolBatch(env=np.array([0]), depth=np.array([D]), width=W, level_scores=lv[None],
                               context_len=np.array([self.ctx_len]))
                 self.calls += 1

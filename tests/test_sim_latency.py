@@ -83,6 +83,11 @@ def test_latency_errors(tmp_path):
         LatencyModel.from_logs(tmp_path, profile="p3")
     with pytest.raises(DataError, match="no batch-1 latency rows"):
         LatencyModel.from_logs(tmp_path, model="other")
+    # a device filter picks that device's newest profile, or names the devices that have one
+    dev = latency_rows("m", "cpu", profile_id="p1")[0]["device"]
+    assert LatencyModel.from_logs(tmp_path, device=dev).meta["profile_id"] == "p1"
+    with pytest.raises(DataError, match="no latency profile for device 'tpu'.*--profile-first"):
+        LatencyModel.from_logs(tmp_path, device="tpu")
 
 
 def test_plot(tmp_path, syn):

@@ -104,3 +104,34 @@ def test_oracle_is_offline_only(collected):
     _, logs, _ = collected
     with pytest.raises(DraftGymError, match="offline only"):
         PolicyController(B.OraclePolicy(logs, LAT))
+
+
+def test_numpy_mlp_matches_torch():
+    """The online controller's batch-1 numpy forward is the torch net's function: logits to 1e-5,
+    also with only the drafted levels' weight rows read (LTD's size observation, padded levels)."""
+    from simulator.observations import SCORE_FLOOR, ltd_size_obs
+    from simulator.policy import NumpyMLP, set_obs_norm
+
+    Wd, Dm = 4, 5
+    n_in = ltd_size_obs_dim(Wd, Dm)
+    net = _net({"type": "mlp", "in": n_in, "hidden": [64, 32], "out": 7, "obs_norm": True}, seed=3)
+    rng = np.random.default_rng(0)
+    set_obs_norm(net, rng.normal(-3, 2, (256, n_in)).astype(np.float32))
+    fast = NumpyMLP(net, pad=np.full(n_in, SCORE_FLOOR, np.float32), tail=2)
+    for depth in range(1, Dm + 1):
+        lv = np.sort(rng.normal(-2, 1.5, (1, Dm, Wd * Wd)).astype(np.float32), -1)[..., ::-1]
+        o = ltd_size_obs(lv, np.array([depth]), np.array([300]), Wd, Dm, presorted=True)
+        with torch.no_grad():
+            ref = net(torch.from_numpy(o)).numpy()[0]
+        live = Wd + (depth - 1) * Wd * Wd
+        np.testing.assert_allclose(fast(o[0], live=live), ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(fast(o[0]), ref, rtol=1e-5, atol=1e-5)
+        assert fast(o[0], live=live).argmax() == ref.argmax()
+    # a changed net (an optimiser step, a loaded state_dict) is noticed: `fresh` rebuilds the copy
+    assert NumpyMLP.fresh(fast, net) is fast
+    with torch.no_grad():
+        next(net.parameters()).add_(1.0)
+    again = NumpyMLP.fresh(fast, net)
+    assert again is not fast
+    with torch.no_grad():
+        np.testing.assert_allclose(again(o[0]), net(torch.from_numpy(o)).numpy()[0], rtol=1e-5, atol=1e-5)

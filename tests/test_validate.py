@@ -46,6 +46,13 @@ def test_validate_end_to_end(tmp_path, tiny_model_dir, tiny_logs, capsys):
     assert set(svr) == {"static", "grid-best", "ltd", "ddd"} and not e["sim_vs_real"]["missing_prompts"]
     for m in svr.values():
         assert abs(m["tau_rel_error"]) < 0.02     # same logged tokens, exact replay: tau must agree
+    # the AR row gives the machine speed factor; the anchored error is the raw one rescaled by it
+    k = e["sim_vs_real"]["machine_speed_factor"]
+    a = e["sim_vs_real"]["ar"]
+    assert k == pytest.approx(a["real_decode_tokens_per_s"] / a["sim_decode_tokens_per_s"])
+    for m in svr.values():
+        raw, anch = m["tokens_per_s_rel_error"], m["tokens_per_s_rel_error_ar_anchored"]
+        assert (1 + anch) == pytest.approx(k * (1 + raw))
     assert (out / "report.md").is_file() and (out / "speedup.png").is_file() and (out / "sim_vs_real.png").is_file()
     cyc = list((out / "cycles").rglob("*.parquet"))
     assert len(cyc) == 1
@@ -73,3 +80,34 @@ def test_validate_sampling_without_logs_at_t(tmp_path, tiny_model_dir, tiny_logs
     assert not e["lossless_checked"] and len(e["grid_best"]) == 3
     assert "no logs at temperature 1" in e["sim_vs_real"]["note"]
     assert set(e["methods"]) == {"ar", "static", "grid-best", "ddd"}
+
+
+def test_validate_profile_first(tmp_path, tiny_model_dir, tiny_logs, capsys):
+    """--profile-first: a fresh in-situ profile (and the checkpoint's call cost) under OUT, used for
+    grid-best and sim-vs-real; the logs' own profile is left as it was."""
+    from pipeline.schema import table_files
+
+    pol = tmp_path / "radar"
+    assert cli(["train", "--method", "radar", "--logs", str(tiny_logs), "--model", str(tiny_model_dir), "--out", str(pol),
+                "--steps", "200", "--no-progress"]) == 0
+    before = sorted(map(str, table_files(tiny_logs, "latency")))
+    out = tmp_path / "pf"
+    capsys.readouterr()
+    assert cli(["validate", "--model", str(tiny_model_dir), "--head", "random", "--policy", str(pol),
+                "--dataset", "mt-bench", "--n-prompts", "1", "--runs", "1", "--max-new-tokens", "12",
+                "--logs", str(tiny_logs), "--out", str(out), "--profile-first", "--profile-verify-sizes", "1,2,4,8",
+                "--profile-contexts", "16,48", "--profile-repeats", "2", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sorted(map(str, table_files(tiny_logs, "latency"))) == before
+    pf = rep["profile_first"]
+    assert pf["policies_timed"] == 1 and rep["latency_profile"] == {"root": str(out), "profile_id": pf["profile_id"]}
+    from simulator.latency import LatencyModel
+    from simulator.policy import latency_key
+    lat = LatencyModel.from_logs(out)
+    assert lat.meta["profile_id"] == pf["profile_id"] and latency_key(pol) in lat.policy_costs
+    assert sorted(set(lat.verify.points["x"].tolist())) == [1.0, 2.0, 4.0, 8.0]
+    assert "radar" in rep["datasets"]["mt-bench"]["sim_vs_real"]["methods"]
+    assert "--profile-first" in (out / "report.md").read_text()
+    # --profile-first without logs is refused in one line
+    assert cli(["validate", "--profile-first", "--logs", ""]) == 2
+    assert "--profile-first needs --logs" in capsys.readouterr().err
