@@ -6,6 +6,8 @@
     profile-policy       what one call of that policy costs inside the engine (joins the profile)
     evaluate             policies and baselines replayed on held-out prompts
     validate             the policy in the loop on the real device: speedup, lossless, sim-vs-real
+                         (--profile-first: re-profiled right before decoding, so the simulator's
+                         prediction describes the machine as it is then)
 
 Each step is the `draftgym` command printed before it runs; every step resumes or overwrites, so
 running the demo twice is safe. Sizes are chosen to finish in about ten minutes on a 2-core CPU.
@@ -57,7 +59,8 @@ def main(argv=None) -> int:
         ["evaluate", "--logs", str(logs), "--split", "test", "--policy", str(policy), "--policy", "goodput"],
         ["validate", "--model", args.model, "--head", head, "--policy", str(policy), "--dataset", args.datasets, "--n-prompts",
          str(args.test_prompts), "--runs", str(args.runs), "--max-new-tokens", str(args.max_new_tokens),
-         "--logs", str(logs), "--out", str(report)],
+         "--logs", str(logs), "--out", str(report), "--profile-first", "--profile-verify-sizes", args.verify_sizes,
+         "--profile-contexts", args.contexts, "--profile-repeats", "3"],
     ]
     print(f"DraftGym demo: {args.model}, head {head}, output under {out}/", flush=True)
     for i, cmd in enumerate(steps, 1):

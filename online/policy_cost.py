@@ -110,6 +110,22 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
     return {"profile_id": base["profile_id"], "device": base["device"], "per_call_s": out, "path": str(path)}
 
 
+def copy_policy_rows(logs: str, model: str, src_profile: str, dst_profile: str) -> int:
+    """Give profile `dst_profile` the 'policy:<key>' rows of `src_profile` (same device, same root),
+    e.g. validate's pooled interleaved profile gets the call costs timed right before decoding.
+    Returns the number of rows copied."""
+    rows = []
+    for f in table_files(logs, "latency"):
+        rows += [r for r in read_table(f, "latency").to_pylist()
+                 if r["profile_id"] == src_profile and r["model_id"] == model and str(r["op"]).startswith("policy:")]
+    if rows:
+        for r in rows:
+            r["profile_id"] = dst_profile
+        path = partition_dir(logs, "latency", model, "_profile", 0.0).parent.parent / f"{dst_profile}-policies-from-{src_profile}.parquet"
+        write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
+    return len(rows)
+
+
 def add_profile_policy(sub) -> None:
     p = sub.add_parser("profile-policy", help="time trained policies' controller calls in the engine, into the newest profile")
     p.add_argument("--policy", action="append", required=True, help="checkpoint directory (repeatable)")

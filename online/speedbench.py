@@ -49,9 +49,11 @@ class MethodRuns:
 
 def run_methods(engine: Engine, prompts: list[list[int]], methods: dict[str, Controller | None],
                 max_new_tokens: int, temperature: float = 0.0, runs: int = 3, seed: int = 0,
-                warmup: int = 1, progress: bool = True) -> tuple[dict[str, MethodRuns], list[tuple]]:
+                warmup: int = 1, progress: bool = True, between=None) -> tuple[dict[str, MethodRuns], list[tuple]]:
     """methods: name -> controller (None = AR). Returns (runs per method, lossless failures).
-    Methods are interleaved per prompt so slow drifts of the machine hit all of them alike."""
+    Methods are interleaved per prompt so slow drifts of the machine hit all of them alike.
+    between(run, prompt_index): called after every method has decoded that prompt (validate's
+    interleaved profile rounds); its time is in no generation's clock."""
     warm = prompts[0]
     for _ in range(warmup):
         for ctrl in methods.values():
@@ -76,6 +78,8 @@ def run_methods(engine: Engine, prompts: list[list[int]], methods: dict[str, Con
                 elif temperature <= 0 and ar_ids is not None and res.output_ids != ar_ids:
                     failures.append((name, r, i))
                 bar.update(1)
+            if between is not None:
+                between(r, i)
     bar.close()
     return out, failures
 

@@ -60,6 +60,7 @@ class ValidateConfig:
     profile_contexts: tuple = (32, 128, 512)
     profile_repeats: int = 8             # at least this many cycles per (V, context)
     profile_cycle_tokens: int = 16
+    profile_interleave: int = 0          # further profile rounds spread between the generations (implies profile_first)
 
 
 def decode_tokens_per_s(res) -> float | None:
@@ -109,7 +110,7 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
             logs = load_logs(cfg.logs, model=cfg.model, temperature=0.0, widths="all")
             sim_note = (f"no logs at temperature {cfg.temperature:g} in {cfg.logs}: grid-best tuned on the T = 0 logs; "
                         f"no sim-vs-real (collect with --temperature {cfg.temperature:g} for it)")
-    elif cfg.profile_first:
+    elif cfg.profile_first or cfg.profile_interleave:
         raise DraftGymError("--profile-first needs --logs (the acceptance logs the simulator replays)")
 
     target = load_target(cfg.model, device=cfg.device)
@@ -131,15 +132,34 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
         from simulator.latency import LatencyModel
 
         lat_root = cfg.logs
-        if cfg.profile_first:
-            report["profile_first"] = profile_first(cfg, engine, target.tokenizer, out, progress)
+        if cfg.profile_first or cfg.profile_interleave:
+            report["profile_first"], sampler = profile_first(cfg, engine, target.tokenizer, out, progress)
             lat_root = str(out)
         lat = LatencyModel.from_logs(lat_root, model=logs.model, device=dev)
         report["latency_profile"] = {"root": lat_root, "profile_id": lat.meta.get("profile_id")}
         tune = logs.select(pick_tune_split(logs, cfg.split, "auto"))
         gs = B.grid_search(tune, lat)["by_dataset"]
-        sim = {"logs": logs, "lat": lat, "grid": {d: tuple(v["config"]) for d, v in gs.items()}, "note": sim_note}
+        # lat: what grid-best and the online policies were chosen / built with; clock: what the
+        # simulator's sim-vs-real prediction is timed with (the interleaved profile, when there is one)
+        sim = {"logs": logs, "lat": lat, "clock": lat, "grid": {d: tuple(v["config"]) for d, v in gs.items()},
+               "note": sim_note}
+    if cfg.profile_interleave and sim:
+        # profile rounds spread over the decoding: after generation slot j of n, the sampler has run
+        # ceil(total * (j + 1) / n) trees, so its samples cover the same stretch of time as the decoding
+        n_slots = len(cfg.datasets) * cfg.runs * cfg.n_prompts
+        total = cfg.profile_interleave * len(sampler.jobs)
+        slot = [0]
+        base = sampler.done
 
+        def between(*_):
+            slot[0] += 1
+            want = base + -(-total * min(slot[0], n_slots) // n_slots)
+            if want > sampler.done:
+                sampler.step(want - sampler.done)
+    else:
+        between = None
+
+    pending = []
     for ds in cfg.datasets:
         recs = load_prompts(ds, split=cfg.split, n=cfg.n_prompts)
         if not recs:
@@ -151,7 +171,7 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
         for spec, label in zip(cfg.policies, labels):
             methods[label] = make_controller(spec, logs=sim and sim["logs"], latency=sim and sim["lat"])
         runs, failures = run_methods(engine, prompts, methods, cfg.max_new_tokens, cfg.temperature, cfg.runs,
-                                     cfg.seed, progress=progress)
+                                     cfg.seed, progress=progress, between=between)
         rows = [row for name, m in runs.items() if name != "ar" for r, run in enumerate(m.results)
                 for rec, res in zip(recs, run) for row in cycle_rows(run_id, name, rec.prompt_id, r, res, dev)]
         if rows:
@@ -167,8 +187,21 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
                  "lossless": cfg.temperature > 0 or not failures, "lossless_checked": cfg.temperature <= 0}
         if sim:
             entry["grid_best"] = list(sim["grid"].get(ds, sim["grid"]["all"]))
-            entry["sim_vs_real"] = ({"note": sim["note"]} if sim["note"] else sim_vs_real(cfg, sim, recs, runs, labels))
+            pending.append((entry, recs, runs))
         report["datasets"][ds] = entry
+    if cfg.profile_interleave and sim:
+        t0 = time.perf_counter()
+        if sampler.done - base < total:               # fewer slots than planned (short datasets)
+            sampler.step(base + total - sampler.done)
+        info = sampler.write(str(out))
+        from online.policy_cost import copy_policy_rows
+        copy_policy_rows(str(out), cfg.model, report["profile_first"]["profile_id"], info["profile_id"])
+        sim["clock"] = LatencyModel.from_logs(str(out), model=logs.model, device=dev, profile=info["profile_id"])
+        report["profile_interleave"] = {"profile_id": info["profile_id"], "rounds": info["rounds"],
+                                        "trees": info["trees"], "final_s": time.perf_counter() - t0}
+        report["latency_profile"] = {"root": str(out), "profile_id": info["profile_id"]}
+    for entry, recs, runs in pending:                # after all decoding: the clock may be the pooled profile
+        entry["sim_vs_real"] = ({"note": sim["note"]} if sim["note"] else sim_vs_real(cfg, sim, recs, runs, labels))
     report["wall_s"] = time.perf_counter() - t_start
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(report, out / "report.json")
@@ -176,24 +209,27 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     return report
 
 
-def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: bool = True) -> dict:
+def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: bool = True):
     """`--profile-first`: profile this engine in situ into `<out>/latency`, then time each checkpoint
     policy's controller calls into the same profile, right before decoding. Why: on a shared VM the
     machine's speed drifts (1.5-1.7x within an hour was measured here), and a profile taken in another
-    state mis-predicts every method by that ratio (BENCHMARKS.md, E2)."""
+    state mis-predicts every method by that ratio (BENCHMARKS.md, E2). Returns (info, the sampler,
+    whose further rounds `--profile-interleave` spreads over the decoding)."""
     from online.policy_cost import profile_policies
-    from pipeline.profile import profile_engine
+    from pipeline.profile import InSituSampler
     from simulator.policy import load_checkpoint
 
     t0 = time.perf_counter()
-    info = profile_engine(engine, tokenizer, cfg.model, str(out), verify_sizes=cfg.profile_verify_sizes,
-                          contexts=cfg.profile_contexts, repeats=cfg.profile_repeats,
-                          cycle_tokens=cfg.profile_cycle_tokens, progress=progress)
+    sampler = InSituSampler(engine, tokenizer, cfg.model, verify_sizes=cfg.profile_verify_sizes,
+                            contexts=cfg.profile_contexts, repeats=cfg.profile_repeats,
+                            cycle_tokens=cfg.profile_cycle_tokens)
+    sampler.run_round(progress)
+    info = sampler.write(str(out))
     ckpts = [(spec, load_checkpoint(spec)) for spec in cfg.policies if Path(spec).is_dir()]
     if ckpts:
         profile_policies(engine, tokenizer, ckpts, str(out), cfg.model, progress=progress)
-    return {"profile_id": info["profile_id"], "path": info["path"], "policies_timed": len(ckpts),
-            "wall_s": time.perf_counter() - t0}
+    return ({"profile_id": info["profile_id"], "path": info["path"], "policies_timed": len(ckpts),
+             "wall_s": time.perf_counter() - t0}, sampler)
 
 
 def sim_vs_real(cfg: ValidateConfig, sim: dict, recs, runs, labels) -> dict:
@@ -209,7 +245,7 @@ def sim_vs_real(cfg: ValidateConfig, sim: dict, recs, runs, labels) -> dict:
     from simulator.policy import load_policy
     from simulator.replay import autoregressive, simulate
 
-    logs, lat = sim["logs"], sim["lat"]
+    logs, lat, clock = sim["logs"], sim["lat"], sim["clock"]
     ids = [r.prompt_id for r in recs]
     keep = np.isin(logs.prompt_id, ids)
     missing = sorted(set(ids) - set(logs.prompt_id[keep].tolist()))
@@ -226,7 +262,7 @@ def sim_vs_real(cfg: ValidateConfig, sim: dict, recs, runs, labels) -> dict:
         return [statistics.mean(d for run in m.results if (d := decode_tokens_per_s(run[i])) is not None)
                 for i in order]
 
-    ar_sim = autoregressive(ev, lat).tokens_per_s
+    ar_sim = autoregressive(ev, clock).tokens_per_s
     ar_real = real_decode(runs["ar"])
     speed = float(np.mean(ar_real) / np.mean(ar_sim))       # > 1: the machine ran faster than profiled
     out = {"missing_prompts": missing, "machine_speed_factor": speed,
@@ -234,7 +270,7 @@ def sim_vs_real(cfg: ValidateConfig, sim: dict, recs, runs, labels) -> dict:
                   "tokens_per_s_rel_error": float((np.mean(ar_sim) - np.mean(ar_real)) / np.mean(ar_real))},
            "methods": {}}
     for name, pol in pols.items():
-        res = simulate(pol, ev, lat)
+        res = simulate(pol, ev, clock)          # the policy as built online (lat), timed by the clock
         m = runs[name]
         real_tau = m.tau(order)
         real_dec = real_decode(m)
@@ -280,7 +316,10 @@ def write_markdown(rep: dict, out: Path) -> None:
         lp = rep["latency_profile"]
         pf = rep.get("profile_first")
         lines.insert(-1, f"- latency profile `{lp['profile_id']}` from `{lp['root']}`"
-                     + (f" (taken right before decoding, --profile-first: {pf['wall_s']:.0f} s)" if pf else ""))
+                     + (f" (pooled over {rep['profile_interleave']['rounds']} rounds: one right before decoding, "
+                        f"{pf['wall_s']:.0f} s, the rest spread between the generations, --profile-interleave)"
+                        if rep.get("profile_interleave") else
+                        f" (taken right before decoding, --profile-first: {pf['wall_s']:.0f} s)" if pf else ""))
     header_len = len(lines)
     fig, axes = plt.subplots(1, len(rep["datasets"]), figsize=(5 * len(rep["datasets"]), 3.6), squeeze=False)
     for ax, (ds, e) in zip(axes[0], rep["datasets"].items()):
@@ -372,6 +411,10 @@ def add_validate(sub) -> None:
     p.add_argument("--profile-verify-sizes", default=",".join(map(str, ValidateConfig.profile_verify_sizes)))
     p.add_argument("--profile-contexts", default=",".join(map(str, ValidateConfig.profile_contexts)))
     p.add_argument("--profile-repeats", type=int, default=ValidateConfig.profile_repeats)
+    p.add_argument("--profile-interleave", type=int, default=0, metavar="ROUNDS",
+                   help="ROUNDS further profile rounds spread between the generations (implies --profile-first); "
+                        "sim-vs-real is then timed with the profile pooled over all rounds, which samples the same "
+                        "machine states as the decoding")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run_validate_cli)
 
@@ -383,7 +426,9 @@ def _run_validate_cli(args) -> int:
         raise DraftGymError(f"temperature must be >= 0, got {args.temperature}")
     if args.runs < 1 or args.n_prompts < 1:
         raise DraftGymError("--runs and --n-prompts must be >= 1")
-    if args.profile_first and not args.logs:
+    if args.profile_interleave < 0:
+        raise DraftGymError(f"--profile-interleave must be >= 0, got {args.profile_interleave}")
+    if (args.profile_first or args.profile_interleave) and not args.logs:
         raise DraftGymError("--profile-first needs --logs (the acceptance logs the simulator replays)")
     for spec in args.policy:
         if not spec.startswith(("static:", "ddd", "entropy", "goodput", "random", "oracle")) and not Path(spec).is_dir():
@@ -396,7 +441,7 @@ def _run_validate_cli(args) -> int:
                          device=args.device, profile_first=args.profile_first,
                          profile_verify_sizes=parse_positive_ints(args.profile_verify_sizes, "--profile-verify-sizes"),
                          profile_contexts=parse_positive_ints(args.profile_contexts, "--profile-contexts"),
-                         profile_repeats=args.profile_repeats)
+                         profile_repeats=args.profile_repeats, profile_interleave=args.profile_interleave)
     rep = run_validate(cfg)
     if args.json:
         print(json.dumps(rep, default=str))

@@ -135,56 +135,109 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
 def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                    contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, progress: bool = True,
                    isolated: bool = False, cycle_tokens: int = 24) -> dict:
-    """Profile a loaded engine (its target and head) into a new `latency` file under `out`.
-    `draftgym validate --profile-first` calls this with the engine it is about to validate on."""
-    from pipeline.fingerprint import device_name, environment_fingerprint
-
-    target_model, head = engine.model, engine.head
-    dev = engine.device
-    env = environment_fingerprint(dev)
-    max_ctx = target_model.config.max_position_embeddings - max(verify_sizes) - cycle_tokens - 1
-    contexts = [c for c in contexts if c <= max_ctx]
-    if not contexts:
-        raise DraftGymError(f"no profiling context length fits the target's {max_ctx} positions")
-    profile_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    rows = []
-
-    def add(op, stats, width=0, verify_size=0, context_len=0):
-        rows.append({"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device_name(dev),
-                     "device_type": dev.type, "model_id": model, "head_id": head.head_id,
-                     "dtype": str(next(target_model.parameters()).dtype).removeprefix("torch."), "op": op,
-                     "width": width, "verify_size": verify_size, "context_len": context_len, "batch": 1,
-                     "n": stats["n"], "median": stats["median"], "p10": stats["p10"], "p90": stats["p90"],
-                     "mean": stats["mean"], "env_json": json.dumps(env)})
-
+    """Profile a loaded engine (its target and head) into a new `latency` file under `out`: one
+    round of `InSituSampler` (plus the isolated ops if asked)."""
+    sampler = InSituSampler(engine, tokenizer, model, widths=widths, verify_sizes=verify_sizes, contexts=contexts,
+                            repeats=repeats, cycle_tokens=cycle_tokens)
     if isolated:
-        jobs = [("draft_isolated", W, 0, c) for W in widths for c in contexts] + \
-               [("verify_isolated", 0, V, c) for V in verify_sizes for c in contexts]
-        for op, W, V, c in tqdm(jobs, desc="profile (isolated)", unit="op", disable=not progress):
-            fn = draft_op(head, W, c) if op == "draft_isolated" else verify_op(target_model, V, c, head=head)
-            add(op, time_op(fn, dev, warmup=warmup, repeats=repeats), width=W, verify_size=V, context_len=c)
-    # in situ: real static-tree cycles. verify per (V, c) with the first width; draft per (W, c),
-    # pooled over those trees (and, for further widths, over one 2-level tree each)
-    W0 = widths[0]
-    jobs = [(W0, V, c, True) for c in contexts for V in verify_sizes] + \
-           [(W, min(1 + W, max(verify_sizes)), c, False) for W in widths[1:] for c in contexts]
-    drafts: dict[tuple[int, int], list[float]] = {}
-    for W, V, c, timed_verify in tqdm(jobs, desc="profile", unit="tree", disable=not progress):
+        for op, W, V, c in tqdm(sampler.isolated_jobs(), desc="profile (isolated)", unit="op", disable=not progress):
+            fn = draft_op(engine.head, W, c) if op == "draft_isolated" else verify_op(engine.model, V, c, head=engine.head)
+            sampler.extra.append((op, time_op(fn, engine.device, warmup=warmup, repeats=repeats), W, V, c))
+    sampler.run_round(progress)
+    return sampler.write(out)
+
+
+class InSituSampler:
+    """In-situ timing samples of a loaded engine, gathered in rounds over the (V, c) / (W, c) grid.
+
+    One round runs every tree of the grid once (`run_round`, or a few trees at a time with `step`);
+    samples of all rounds are pooled, and `write` turns them into one profile. Why rounds: on a shared
+    VM the cost of a multi-token forward drifts by up to 2x within minutes (BENCHMARKS.md E2), so
+    `draftgym validate --profile-interleave` spreads rounds between its generations, and the pooled
+    profile then samples the same machine states as the decoding it predicts."""
+
+    def __init__(self, engine, tokenizer, model: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
+                 contexts=DEFAULT_CONTEXTS, repeats: int = 5, cycle_tokens: int = 24):
+        self.engine, self.tokenizer, self.model = engine, tokenizer, model
+        self.widths, self.verify_sizes, self.repeats, self.cycle_tokens = tuple(widths), tuple(verify_sizes), repeats, cycle_tokens
+        max_ctx = engine.model.config.max_position_embeddings - max(verify_sizes) - cycle_tokens - 1
+        self.contexts = [c for c in contexts if c <= max_ctx]
+        if not self.contexts:
+            raise DraftGymError(f"no profiling context length fits the target's {max_ctx} positions")
+        # in situ: real static-tree cycles. verify per (V, c) with the first width; draft per (W, c),
+        # pooled over those trees (and, for further widths, over one 2-level tree each)
+        W0 = self.widths[0]
+        self.jobs = [(W0, V, c, True) for c in self.contexts for V in self.verify_sizes] + \
+                    [(W, min(1 + W, max(self.verify_sizes)), c, False) for W in self.widths[1:] for c in self.contexts]
+        self.verify: dict[tuple[int, int], list[float]] = {}
+        self.drafts: dict[tuple[int, int], list[float]] = {}
+        self.overhead: list[float] = []
+        self.extra: list[tuple] = []          # (op, stats, W, V, c) rows added as they are
+        self.done = 0                         # trees run, over all rounds
+        self.rounds = 0
+
+    def isolated_jobs(self):
+        return [("draft_isolated", W, 0, c) for W in self.widths for c in self.contexts] + \
+               [("verify_isolated", 0, V, c) for V in self.verify_sizes for c in self.contexts]
+
+    def _run(self, job) -> None:
+        W, V, c, timed_verify = job
         D = depth_for(V, W) if timed_verify else 2
-        cyc = in_situ_samples(engine, tokenizer, c, D, W, V, cycle_tokens, min_cycles=max(repeats, 8))
+        cyc = in_situ_samples(self.engine, self.tokenizer, c, D, W, V, self.cycle_tokens, min_cycles=max(self.repeats, 8))
         cyc = [x for x in cyc if x.verify_size == min(V, 1 + W + (D - 1) * W * W)]
         if not cyc:
             raise DraftGymError(f"profile: no cycles of the static tree ({D}, {W}, {V}) at context {c}")
         if timed_verify:
-            add("verify", stats_of([x.t_verify for x in cyc]), verify_size=V, context_len=c)
-        drafts.setdefault((W, c), []).extend(x.t_draft / x.depth for x in cyc)
-    for (W, c), ts in drafts.items():
-        add("draft_step", stats_of(ts), width=W, context_len=c)
-    add("policy", time_op(policy_op(device=dev), dev, warmup=5, repeats=50))
-    add("overhead", stats_of(measure_overhead(engine, tokenizer)), width=10, verify_size=60)
-    path = partition_dir(out, "latency", model, "_profile", 0.0).parent.parent / f"{profile_id}.parquet"
-    write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
-    return {"profile_id": profile_id, "device": device_name(dev), "rows": len(rows), "path": str(path)}
+            self.verify.setdefault((V, c), []).extend(x.t_verify for x in cyc)
+        self.drafts.setdefault((W, c), []).extend(x.t_draft / x.depth for x in cyc)
+        self.done += 1
+
+    def step(self, n_trees: int = 1) -> None:
+        """Run the next n trees of the grid (cycling through it); a round ends every len(jobs) trees.
+        Each round also samples the per-cycle overhead once (from a short static-default decode)."""
+        for _ in range(n_trees):
+            self._run(self.jobs[self.done % len(self.jobs)])
+            if self.done % len(self.jobs) == 0:
+                self.rounds += 1
+                self.overhead += measure_overhead(self.engine, self.tokenizer)
+
+    def run_round(self, progress: bool = True) -> None:
+        """Finish the current round (all of the grid when none is under way)."""
+        left = len(self.jobs) - self.done % len(self.jobs)
+        for _ in tqdm(range(left), desc="profile", unit="tree", disable=not progress):
+            self.step(1)
+
+    def write(self, out: str) -> dict:
+        """One profile (a new profile_id) of every sample so far -> `<out>/latency/...parquet`."""
+        from pipeline.fingerprint import device_name, environment_fingerprint
+
+        dev = self.engine.device
+        env = json.dumps(environment_fingerprint(dev))
+        profile_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        dtype = str(next(self.engine.model.parameters()).dtype).removeprefix("torch.")
+        rows = []
+
+        def add(op, stats, width=0, verify_size=0, context_len=0):
+            rows.append({"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device_name(dev),
+                         "device_type": dev.type, "model_id": self.model, "head_id": self.engine.head.head_id,
+                         "dtype": dtype, "op": op, "width": width, "verify_size": verify_size, "context_len": context_len,
+                         "batch": 1, "n": stats["n"], "median": stats["median"], "p10": stats["p10"],
+                         "p90": stats["p90"], "mean": stats["mean"], "env_json": env})
+
+        for op, stats, W, V, c in self.extra:
+            add(op, stats, width=W, verify_size=V, context_len=c)
+        for (V, c), ts in self.verify.items():
+            add("verify", stats_of(ts), verify_size=V, context_len=c)
+        for (W, c), ts in self.drafts.items():
+            add("draft_step", stats_of(ts), width=W, context_len=c)
+        add("policy", time_op(policy_op(device=dev), dev, warmup=5, repeats=50))
+        if not self.overhead:
+            self.overhead = measure_overhead(self.engine, self.tokenizer)
+        add("overhead", stats_of(self.overhead), width=10, verify_size=60)
+        path = partition_dir(out, "latency", self.model, "_profile", 0.0).parent.parent / f"{profile_id}.parquet"
+        write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
+        return {"profile_id": profile_id, "device": device_name(dev), "rows": len(rows), "path": str(path),
+                "rounds": self.rounds, "trees": self.done}
 
 
 def add_profile(sub) -> None:

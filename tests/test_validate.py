@@ -82,14 +82,20 @@ def test_validate_sampling_without_logs_at_t(tmp_path, tiny_model_dir, tiny_logs
     assert set(e["methods"]) == {"ar", "static", "grid-best", "ddd"}
 
 
-def test_validate_profile_first(tmp_path, tiny_model_dir, tiny_logs, capsys):
+@pytest.fixture(scope="module")
+def radar_ckpt(tmp_path_factory, tiny_model_dir, tiny_logs):
+    pol = tmp_path_factory.mktemp("pol") / "radar"
+    assert cli(["train", "--method", "radar", "--logs", str(tiny_logs), "--model", str(tiny_model_dir), "--out", str(pol),
+                "--steps", "200", "--no-progress"]) == 0
+    return pol
+
+
+def test_validate_profile_first(tmp_path, tiny_model_dir, tiny_logs, radar_ckpt, capsys):
     """--profile-first: a fresh in-situ profile (and the checkpoint's call cost) under OUT, used for
     grid-best and sim-vs-real; the logs' own profile is left as it was."""
     from pipeline.schema import table_files
 
-    pol = tmp_path / "radar"
-    assert cli(["train", "--method", "radar", "--logs", str(tiny_logs), "--model", str(tiny_model_dir), "--out", str(pol),
-                "--steps", "200", "--no-progress"]) == 0
+    pol = radar_ckpt
     before = sorted(map(str, table_files(tiny_logs, "latency")))
     out = tmp_path / "pf"
     capsys.readouterr()
@@ -111,3 +117,36 @@ def test_validate_profile_first(tmp_path, tiny_model_dir, tiny_logs, capsys):
     # --profile-first without logs is refused in one line
     assert cli(["validate", "--profile-first", "--logs", ""]) == 2
     assert "--profile-first needs --logs" in capsys.readouterr().err
+
+
+def test_validate_profile_interleave(tmp_path, tiny_model_dir, tiny_logs, radar_ckpt, capsys):
+    """--profile-interleave 2: one round before decoding, two more spread between the generations,
+    and sim-vs-real timed with the profile pooled over all three (which also carries the call costs)."""
+    out = tmp_path / "pi"
+    capsys.readouterr()
+    assert cli(["validate", "--model", str(tiny_model_dir), "--head", "random", "--policy", "ddd", "--policy", str(radar_ckpt),
+                "--dataset", "mt-bench", "--n-prompts", "2", "--runs", "2", "--max-new-tokens", "10",
+                "--logs", str(tiny_logs), "--out", str(out), "--profile-interleave", "2", "--profile-verify-sizes",
+                "1,4", "--profile-contexts", "16,40", "--profile-repeats", "2", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    pi = rep["profile_interleave"]
+    assert pi["rounds"] == 3 and pi["trees"] == 3 * 4
+    assert rep["latency_profile"]["profile_id"] == pi["profile_id"] != rep["profile_first"]["profile_id"]
+    from simulator.latency import LatencyModel
+    first = LatencyModel.from_logs(out, profile=rep["profile_first"]["profile_id"])
+    pooled = LatencyModel.from_logs(out, profile=pi["profile_id"])
+    assert pooled.meta["profile_id"] == pi["profile_id"]
+    e = rep["datasets"]["mt-bench"]
+    assert set(e["sim_vs_real"]["methods"]) == {"static", "grid-best", "ddd", "radar"}
+    assert "--profile-interleave" in (out / "report.md").read_text()
+    from pipeline.schema import read_table, table_files
+    n = {}
+    for f in table_files(out, "latency"):
+        for r in read_table(f, "latency").to_pylist():
+            if r["op"] == "verify":
+                n[r["profile_id"]] = n.get(r["profile_id"], 0) + r["n"]
+    # pooled: every round's samples (>= 8 cycles per (V, c) per round, 2 x 2 points, 3 rounds)
+    assert n[pi["profile_id"]] >= 3 * 8 * 4 and n[pi["profile_id"]] > n[rep["profile_first"]["profile_id"]]
+    # the checkpoint's call cost, timed before decoding, is carried over to the pooled profile
+    from simulator.policy import latency_key
+    assert pooled.policy_costs[latency_key(radar_ckpt)] == pytest.approx(first.policy_costs[latency_key(radar_ckpt)])
