@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from pipeline.controller import Controller, CycleContext, CycleRecord, StaticController, TreeShape
+from pipeline.cpu_linear import pack_linears
 from pipeline.draft import DraftKV, expand_tree
 from pipeline.errors import DraftGymError
 from pipeline.head import Eagle3Head
@@ -76,6 +77,12 @@ class Engine:
     """EAGLE-3 (and AR) generation for one target + one head, batch size 1."""
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
+        # On a CPU in fp32 the target's and the head's linears run on oneDNN with packed weights
+        # (pipeline/cpu_linear.py: MKL's few-row sgemm made a 2-8 token verify cost 1.6-1.8x an AR
+        # step). AR and EAGLE-3 share the packed model, so speedups still compare like with like.
+        pack_linears(model)
+        if head is not None:
+            pack_linears(head)
         self.model = model
         self.head = head
         self.eos = set(eos_token_ids or ())

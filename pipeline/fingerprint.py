@@ -20,12 +20,14 @@ def _git_commit() -> str | None:
 
 
 def device_name(device: torch.device | str | None = None) -> str:
-    """'cpu (N threads, <processor>)' or the CUDA device name, e.g. 'NVIDIA H100 80GB HBM3'."""
+    """'cpu (N threads, <processor>, <onednn|torch> linear)' or the CUDA device name, e.g. 'NVIDIA H100 80GB HBM3'."""
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     proc = platform.processor() or platform.machine()
-    return f"cpu ({torch.get_num_threads()} threads, {proc})"
+    from pipeline.cpu_linear import backend_name
+    # the linear backend changes both the speed and the fp32 rounding, so profiles and logs name it
+    return f"cpu ({torch.get_num_threads()} threads, {proc}, {backend_name()} linear)"
 
 
 def environment_fingerprint(device: torch.device | str | None = None) -> dict:

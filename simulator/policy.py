@@ -103,6 +103,7 @@ class Policy:
     name = "policy"
     uses_depth_hook = False
     uses_size_hook = False
+    step_fields = ("beam_scores", "candidate_scores", "entropy")   # StepBatch fields continue_drafting reads
     call_cost: str | float = 0.0
     width: int | None = None
 
@@ -178,6 +179,16 @@ def set_obs_norm(net, observations: np.ndarray, min_std: float = 1e-2) -> None:
     layer.std.copy_(torch.from_numpy(sd.astype(np.float32)))
 
 
+def net_tensors(net) -> list:
+    """The net's parameters and buffers, listed once (walking the module tree costs ~0.1 ms a call)."""
+    return list(net.parameters()) + list(net.buffers())
+
+
+def weights_version(tensors) -> int:
+    """Sum of the tensors' in-place version counters: changes on every optimiser step or load."""
+    return sum(t._version for t in tensors)
+
+
 class NumpyMLP:
     """Batch-1 forward of an `mlp` net (build_net) in numpy: the online controller's path.
 
@@ -206,17 +217,17 @@ class NumpyMLP:
         self.layers = [(np.ascontiguousarray(m.weight.detach().numpy().T), m.bias.detach().numpy().copy())
                        for m in mods if isinstance(m, nn.Linear)]     # [in, out], [out]
         self.pad, self.tail, self._const = pad, tail, {}
-        self.version = self.weights_version(net)
+        self.net, self.tensors = net, net_tensors(net)
+        self.version = weights_version(self.tensors)
 
-    @staticmethod
-    def weights_version(net) -> int:
-        """Sum of the parameters' and buffers' in-place version counters: changes on every optimiser step."""
-        return sum(t._version for t in list(net.parameters()) + list(net.buffers()))
+    def stale(self, net) -> bool:
+        """The copy was built from another net, or the net's weights changed in place since."""
+        return net is not self.net or weights_version(self.tensors) != self.version
 
     @classmethod
     def fresh(cls, cached, net, **kw) -> "NumpyMLP":
         """`cached` if the net's weights have not changed since it was built, else a new copy."""
-        return cached if cached is not None and cached.version == cls.weights_version(net) else cls(net, **kw)
+        return cached if cached is not None and not cached.stale(net) else cls(net, **kw)
 
     def _norm(self, x):
         return x if self.mean is None else (x - self.mean) / self.std
@@ -238,6 +249,44 @@ class NumpyMLP:
         for W, b in self.layers[1:]:
             h = np.maximum(h, 0.0) @ W + b
         return h
+
+
+class NumpyRadar:
+    """Batch-1 step of RADAR's net (LSTMCell + MLP) in numpy: the online controller's path, for the
+    same reason as NumpyMLP (torch's per-op dispatch between two verify forwards). PyTorch's LSTMCell:
+        gates = x W_ih^T + b_ih + h W_hh^T + b_hh = [i | f | g | o]      # [4 hidden]
+        c' = sigmoid(f) c + sigmoid(i) tanh(g),   h' = sigmoid(o) tanh(c')
+    then logits = MLP([h', x])."""
+
+    def __init__(self, net):
+        cell = net.cell
+        # one matmul for both inputs: [x, h] @ [W_ih | W_hh]^T
+        self.W = np.ascontiguousarray(torch_cat_T(cell.weight_ih, cell.weight_hh))    # [k + hidden, 4 hidden]
+        self.b = (cell.bias_ih + cell.bias_hh).detach().numpy().astype(np.float32)     # [4 hidden]
+        self.mlp = NumpyMLP(net.head)
+        self.net, self.tensors = net, net_tensors(net)
+        self.version = weights_version(self.tensors)
+
+    stale = NumpyMLP.stale
+
+    @classmethod
+    def fresh(cls, cached, net) -> "NumpyRadar":
+        return cached if cached is not None and not cached.stale(net) else cls(net)
+
+    def __call__(self, x: np.ndarray, h: np.ndarray, c: np.ndarray):
+        """x: [k], h, c: [hidden] -> (logits [2], h', c')."""
+        x = np.asarray(x, np.float32)
+        gates = np.concatenate([x, h]) @ self.W + self.b
+        i, f, g, o = np.split(gates, 4)
+        sig = lambda z: 0.5 * (np.tanh(0.5 * z) + 1.0)               # = 1 / (1 + e^-z), no overflow
+        c2 = sig(f) * c + sig(i) * np.tanh(g)
+        h2 = sig(o) * np.tanh(c2)
+        return self.mlp(np.concatenate([h2, x])), h2.astype(np.float32), c2.astype(np.float32)
+
+
+def torch_cat_T(*ws) -> np.ndarray:
+    """[out, in_a], [out, in_b], ... (torch weights) -> [in_a + in_b + ..., out] float32 numpy."""
+    return np.concatenate([w.detach().numpy().T for w in ws], axis=0).astype(np.float32)
 
 
 def _radar_net_cls():
@@ -291,6 +340,7 @@ class LTDPolicy(Policy):
     """LTD: an MLP depth policy (STOP/CONTINUE after each forward) and/or an MLP size policy (V)."""
 
     call_cost = "model"
+    step_fields = ("candidate_scores",)
 
     def __init__(self, depth_net=None, size_net=None, width: int = 10, max_depth: int = 12, verify_size: int = 60,
                  size_values=obs.SIZE_ACTIONS, name: str = "ltd", sample: bool = False, fixed_depth: int = 8):
@@ -335,18 +385,18 @@ class RadarPolicy(Policy):
 
     call_cost = "model"
     uses_depth_hook = True
+    step_fields = ("beam_scores",)
 
     def __init__(self, net, width: int = 10, verify_size: int = 60, max_calls: int = obs.RADAR_MAX_CALLS,
                  name: str = "radar", sample: bool = False):
         self.net, self.width, self.verify, self.max_calls = net, width, verify_size, max_calls
         self.name, self.sample = name, sample
         self.rng = np.random.default_rng(0)
+        self._np = None                            # NumpyRadar copy, built on the first batch-1 call
 
     def reset(self, n_envs, seed=0):
-        import torch
-
-        self.h = torch.zeros(n_envs, self.net.hidden)
-        self.c = torch.zeros(n_envs, self.net.hidden)
+        self.h = np.zeros((n_envs, self.net.hidden), np.float32)     # [n_envs, hidden] LSTM state
+        self.c = np.zeros((n_envs, self.net.hidden), np.float32)
         self.rng = np.random.default_rng(seed)
 
     def plan(self, b):
@@ -357,11 +407,16 @@ class RadarPolicy(Policy):
     def continue_drafting(self, s):
         import torch
 
-        x = torch.from_numpy(obs.radar_obs(s.beam_scores, self.width))
-        idx = torch.from_numpy(np.asarray(s.env))
+        x = obs.radar_obs(s.beam_scores, self.width)                  # [n, k]
+        idx = np.asarray(s.env)
+        if len(x) == 1:                  # batch 1 (the online controller): numpy forward, same function
+            self._np = NumpyRadar.fresh(self._np, self.net)
+            logits, h, c = self._np(x[0], self.h[idx[0]], self.c[idx[0]])
+            self.h[idx[0]], self.c[idx[0]] = h, c
+            return _choose(logits[None], self.sample, self.rng) == CONTINUE
         with torch.no_grad():
-            logits, (h, c) = self.net(x, (self.h[idx], self.c[idx]))
-        self.h[idx], self.c[idx] = h, c
+            logits, (h, c) = self.net(torch.from_numpy(x), (torch.from_numpy(self.h[idx]), torch.from_numpy(self.c[idx])))
+        self.h[idx], self.c[idx] = h.numpy(), c.numpy()
         return _choose(logits.numpy(), self.sample, self.rng) == CONTINUE
 
 
@@ -519,6 +574,20 @@ def load_policy(spec: str, logs=None, latency=None, fit_logs=None) -> Policy:
 
 # ------------------------------------------------------------------ online adapter
 
+_BLAS_LIMIT = []
+
+
+def single_thread_blas() -> None:
+    """Limit numpy's BLAS to one thread in this process, once. The online controller's products are
+    batch-1 (at most [1024] x [1024, 256]); waking OpenBLAS's thread pool between two verify
+    forwards cost more than the product itself (LTD's size call: 0.53 -> 0.26 ms per cycle,
+    docs/adhoc/controller_profile.py). torch's own threads are not touched."""
+    if not _BLAS_LIMIT:
+        from threadpoolctl import threadpool_limits
+
+        _BLAS_LIMIT.append(threadpool_limits(limits=1, user_api="blas"))
+
+
 class PolicyController:
     """Runs a simulator `Policy` inside the online engine (a `pipeline.controller.Controller`, batch 1).
 
@@ -532,6 +601,7 @@ class PolicyController:
 
         if getattr(policy, "offline_only", False):
             raise DraftGymError(f"{policy.name} needs the logged future (offline only)")
+        single_thread_blas()
 
         class _PolicyController(Controller):
             def __init__(self):
@@ -561,12 +631,15 @@ class PolicyController:
             def continue_drafting(self, step):
                 if not self.policy.uses_depth_hook:
                     return True
-                W = step.width
-                pad = lambda x, n: np.concatenate([x, np.full(n - len(x), np.nan, np.float32)])
+                W, need = step.width, self.policy.step_fields
+                # only the fields this policy reads (each is a tensor -> numpy copy, cold between verifies)
+                pad = lambda x, n: np.concatenate([x, np.full(n - len(x), np.nan, np.float32)])[None]
                 s = StepBatch(env=np.array([0]), depth=step.depth, width=W,
-                              beam_scores=obs.to_numpy(step.beam_scores)[None],
-                              candidate_scores=pad(obs.to_numpy(step.candidate_scores), W * W)[None],
-                              entropy=pad(obs.to_numpy(step.entropy), W)[None], context_len=np.array([step.context_len]))
+                              beam_scores=obs.to_numpy(step.beam_scores)[None] if "beam_scores" in need else None,
+                              candidate_scores=pad(obs.to_numpy(step.candidate_scores), W * W)
+                              if "candidate_scores" in need else None,
+                              entropy=pad(obs.to_numpy(step.entropy), W) if "entropy" in need else None,
+                              context_len=np.array([step.context_len]))
                 self.calls += 1
                 return bool(np.asarray(self.policy.continue_drafting(s))[0])
 

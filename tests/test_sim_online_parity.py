@@ -135,3 +135,37 @@ def test_numpy_mlp_matches_torch():
     assert again is not fast
     with torch.no_grad():
         np.testing.assert_allclose(again(o[0]), net(torch.from_numpy(o)).numpy()[0], rtol=1e-5, atol=1e-5)
+
+
+def test_numpy_radar_matches_torch():
+    """RADAR's batch-1 numpy step (LSTMCell + MLP) is the torch net's function over a whole
+    trajectory of calls: logits and LSTM state to 1e-5, the same STOP/CONTINUE decisions, and a
+    batch-1 RadarPolicy makes the same decisions as the batched torch path."""
+    from simulator.policy import NumpyRadar, RadarNet, RadarPolicy, StepBatch
+
+    torch.manual_seed(4)
+    net = RadarNet(n_in=6, hidden=16, mlp_hidden=12).eval()
+    fast = NumpyRadar(net)
+    rng = np.random.default_rng(1)
+    h, c = net.init_state(1)
+    hn, cn = h[0].numpy(), c[0].numpy()
+    for _ in range(6):
+        x = rng.normal(-2, 1.5, 6).astype(np.float32)
+        with torch.no_grad():
+            ref, (h, c) = net(torch.from_numpy(x)[None], (h, c))
+        logits, hn, cn = fast(x, hn, cn)
+        np.testing.assert_allclose(logits, ref.numpy()[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(hn, h.numpy()[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(cn, c.numpy()[0], rtol=1e-5, atol=1e-5)
+    # the policy: 3 envs stepped one at a time (numpy) vs all at once (torch)
+    scores = rng.normal(-2, 1.5, (4, 3, 6)).astype(np.float32)      # [calls, envs, W]
+    one, many = RadarPolicy(net, width=6), RadarPolicy(net, width=6)
+    one.reset(3), many.reset(3)
+    for t in range(4):
+        env = np.arange(3)
+        step = lambda e: StepBatch(env=env[e], depth=t + 1, width=6, beam_scores=scores[t, e], candidate_scores=None,
+                                   entropy=None, context_len=np.full(len(env[e]), 100))
+        batched = many.continue_drafting(step(slice(0, 3)))
+        single = [one.continue_drafting(step(slice(i, i + 1)))[0] for i in range(3)]
+        assert list(batched) == single
+        np.testing.assert_allclose(one.h, many.h, rtol=1e-5, atol=1e-5)
