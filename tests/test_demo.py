@@ -21,6 +21,8 @@ def test_demo_chain_tiny(tmp_path, tiny_model_dir, capsys):
         assert e["lossless"] and "ltd" in e["methods"]
     assert (out / "policies" / "ltd" / "manifest.json").is_file()
     assert list((out / "logs" / "latency").rglob("*-policies-*.parquet"))      # profile-policy ran
-    # validate re-profiled right before decoding, into the report folder, and used that profile
-    assert rep["latency_profile"]["profile_id"] == rep["profile_first"]["profile_id"]
+    # validate re-profiled right before decoding and once between the generations, into the report
+    # folder, and timed sim-vs-real with the pooled profile
+    assert rep["profile_interleave"]["rounds"] == 2
+    assert rep["latency_profile"]["profile_id"] == rep["profile_interleave"]["profile_id"] != rep["profile_first"]["profile_id"]
     assert list((out / "report" / "latency").rglob("*-policies-*.parquet"))

@@ -3,11 +3,12 @@ from pipeline.target import load_target, encode_prompt
 from pipeline.generate import load_head_for
 from pipeline.engine import Engine
 from simulator.policy import load_checkpoint, PolicyController
-torch.set_num_threads(1)
+import sys
+torch.set_num_threads(2)   # as validate runs (section E2 used 1)
 t = load_target("smollm2-135m"); head = load_head_for("default", t.model)
 eng = Engine(t.model, head, t.eos_token_ids)
 ids = encode_prompt(t.tokenizer, "Explain how a hash map works, step by step.")
-ctrl = PolicyController(load_checkpoint("data/policies/ltd-cpu"))
+ctrl = PolicyController(load_checkpoint(sys.argv[1] if len(sys.argv) > 1 else "data/policies/ltd-cpu"))
 eng.generate(ids, 8, controller=ctrl)
 orig = {k: getattr(ctrl, k) for k in ("plan", "continue_drafting", "verify_size", "observe")}
 tot = {k: 0.0 for k in orig}; cnt = {k: 0 for k in orig}
