@@ -20,6 +20,7 @@ Set `DRAFTGYM_CPU_LINEAR=torch` to switch the backend off.
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -97,14 +98,30 @@ def _self_check() -> bool:
         return False
 
 
+def free_memory_bytes() -> int:
+    """Available physical memory (Linux sysconf; very large where it cannot be read)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
 def pack_linears(model: nn.Module) -> int:
     """Swap every fp32 nn.Linear on the CPU inside `model` for a PackedLinear, in place, when the
-    backend is wanted, available and passes its self-check. Returns how many were swapped."""
+    backend is wanted, available, passes its self-check, and the packed copies (as large as the
+    linears' weights: +540 MB for smollm2-135m) fit in half the free memory. Returns how many
+    were swapped."""
     if wanted() != "onednn" or not backend_available():
         return 0
     targets = [(name, mod) for name, mod in model.named_modules()
                if type(mod) is nn.Linear and mod.weight.device.type == "cpu" and mod.weight.dtype == torch.float32]
     if not targets or not _self_check():
+        return 0
+    # the packed copies double the linears' memory; never let that push the machine into swap
+    need = sum(lin.weight.numel() * lin.weight.element_size() for _, lin in targets)
+    if need > free_memory_bytes() // 2:
+        warnings.warn(f"not packing {need / 2**30:.1f} GiB of linear weights for oneDNN: too little free memory "
+                      f"({free_memory_bytes() / 2**30:.1f} GiB); running on torch's default linear")
         return 0
     for name, lin in targets:
         parent_name, _, child = name.rpartition(".")

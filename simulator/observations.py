@@ -68,9 +68,12 @@ def to_numpy(x) -> np.ndarray:
 
 def clean_scores(scores) -> np.ndarray:
     """NaN / -inf / below-floor -> SCORE_FLOOR; above 0 clipped to 0 (rounding)."""
-    s = to_numpy(scores)
-    s = np.nan_to_num(s, nan=SCORE_FLOOR, neginf=SCORE_FLOOR, posinf=0.0)
-    return np.clip(s, SCORE_FLOOR, 0.0)
+    # == np.clip(np.nan_to_num(s, nan=FLOOR, neginf=FLOOR, posinf=0), FLOOR, 0), at a fraction of
+    # nan_to_num's cost (~80 us a call, cold, in the online controller): clip maps -inf to the floor
+    # and +inf to 0; NaN passes clip and is set afterwards.
+    s = np.clip(to_numpy(scores), SCORE_FLOOR, 0.0)
+    s[np.isnan(s)] = SCORE_FLOOR
+    return s
 
 
 def sort_desc(scores, size: int | None = None) -> np.ndarray:

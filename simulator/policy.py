@@ -607,6 +607,9 @@ class PolicyController:
             def __init__(self):
                 super().__init__()
                 self.policy, self.max_depth = policy, max_depth
+                self.zero = np.zeros(1, np.int64)
+                # observe() builds its record only for policies that read it (the base one is a no-op)
+                self.observes = type(policy).observe is not Policy.observe
 
             def reset(self):
                 self.calls = 0          # policy inferences, counted as the replay counts them (replay.simulate)
@@ -618,13 +621,15 @@ class PolicyController:
                 from pipeline.controller import TreeShape
 
                 last = ctx.last
-                g = lambda name: np.array([0 if last is None else int(getattr(last, name))])
+                # [6, 1]: the previous cycle's D, W, V, L, emitted, and this context length; one array
+                lv = np.array([[0], [0], [0], [0], [0], [ctx.context_len]]) if last is None else np.array(
+                    [[last.depth], [last.width], [last.verify_size], [last.accepted], [last.emitted], [ctx.context_len]])
                 self.ctx_len = ctx.context_len
                 sh = self.policy.plan(PlanBatch(
-                    env=np.array([0]), seq=np.array([0]), position=np.array([0]), cycle=np.array([ctx.cycle]),
-                    context_len=np.array([ctx.context_len]), has_last=np.array([last is not None]),
-                    last_depth=g("depth"), last_width=g("width"), last_verify=g("verify_size"),
-                    last_accepted=g("accepted"), last_emitted=g("emitted"), last_root_scores=self.root[None]))
+                    env=self.zero, seq=self.zero, position=self.zero, cycle=np.array([ctx.cycle]),
+                    context_len=lv[5], has_last=np.array([last is not None]),
+                    last_depth=lv[0], last_width=lv[1], last_verify=lv[2],
+                    last_accepted=lv[3], last_emitted=lv[4], last_root_scores=self.root[None]))
                 self.calls += int(np.asarray(sh.calls).ravel()[0]) if sh.calls is not None else 0
                 return TreeShape(int(sh.depth[0]), int(sh.width[0]), int(sh.verify[0]))
 
@@ -662,6 +667,8 @@ class PolicyController:
                 return int(np.asarray(self.policy.verify_size(p, np.array([shape.verify_size])))[0])
 
             def observe(self, record):
+                if not self.observes:
+                    return
                 self.policy.observe(np.array([0]), {k: np.array([getattr(record, k)]) for k in
                                                     ("depth", "width", "verify_size", "accepted", "emitted",
                                                      "context_len", "t_cycle")})

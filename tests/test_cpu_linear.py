@@ -52,6 +52,16 @@ def test_copies_updates_and_autograd():
     assert m.state_dict().keys() == _mlp().state_dict().keys()
 
 
+def test_no_packing_without_memory(monkeypatch):
+    import pipeline.cpu_linear as cl
+
+    monkeypatch.setattr(cl, "free_memory_bytes", lambda: 1000)
+    m = _mlp()
+    with pytest.warns(UserWarning, match="too little free memory"):
+        assert pack_linears(m) == 0
+    assert type(m[0]) is nn.Linear
+
+
 def test_switch_off(monkeypatch):
     monkeypatch.setenv("DRAFTGYM_CPU_LINEAR", "torch")
     m = _mlp()
