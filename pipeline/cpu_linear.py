@@ -3,10 +3,11 @@
 Why this exists. On a CPU, `torch.nn.functional.linear` in fp32 goes to MKL's sgemm. On the AMD
 EPYC (Zen 5) box this project runs on, MKL takes a slow path for a few rows: the target's lm_head
 (49152 x 576) costs 7.9 ms for 1 row, 16.1 ms for 2 and 16.4 ms for 8. A verify of 2-8 tokens
-therefore cost 1.6-1.8x an AR step (BENCHMARKS E2), which is an artefact of the kernel and not of
-the hardware. oneDNN, with the weight reordered once into its blocked layout, takes 2.0 / 2.3 /
-2.8 ms for the same shapes (`docs/adhoc/linear_backends.py`). It is the kernel PyTorch's own
-compiler (Inductor, with freezing) uses for CPU linears.
+therefore cost 1.5-1.9x an AR step, which is an artefact of the kernel and not of the hardware.
+oneDNN, with the weight reordered once into its blocked layout, takes 2.0 / 2.3 / 2.8 ms for the
+same shapes, and the 2-8 token verify costs 1.2-1.3x an AR step (BENCHMARKS.md F1;
+`docs/adhoc/linear_backends_matmul.py`, `docs/adhoc/linear_backends.py`). It is the kernel
+PyTorch's own compiler (Inductor, with freezing) uses for CPU linears.
 
 Both autoregressive decoding and speculative decoding run through the same packed model, so the
 AR baseline is never a straw man, and the engine's losslessness (spec output == AR output) holds
@@ -25,6 +26,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 
 def backend_available() -> bool:
     return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -122,6 +124,7 @@ def pack_linears(model: nn.Module) -> int:
     if need > free_memory_bytes() // 2:
         warnings.warn(f"not packing {need / 2**30:.1f} GiB of linear weights for oneDNN: too little free memory "
                       f"({free_memory_bytes() / 2**30:.1f} GiB); running on torch's default linear")
+        os.environ["DRAFTGYM_CPU_LINEAR"] = "torch"      # so the device string (and later models) say so
         return 0
     for name, lin in targets:
         parent_name, _, child = name.rpartition(".")

@@ -56,10 +56,11 @@ def test_no_packing_without_memory(monkeypatch):
     import pipeline.cpu_linear as cl
 
     monkeypatch.setattr(cl, "free_memory_bytes", lambda: 1000)
+    monkeypatch.setenv("DRAFTGYM_CPU_LINEAR", "onednn")         # restored after the test
     m = _mlp()
     with pytest.warns(UserWarning, match="too little free memory"):
         assert pack_linears(m) == 0
-    assert type(m[0]) is nn.Linear
+    assert type(m[0]) is nn.Linear and backend_name() == "torch"     # the device string says so
 
 
 def test_switch_off(monkeypatch):
