@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import os
 import warnings
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pipeline.errors import DraftGymError
 
 
 def backend_available() -> bool:
@@ -36,7 +39,9 @@ def backend_available() -> bool:
 def wanted() -> str:
     """The requested CPU linear backend: 'onednn' (default) or 'torch' (env DRAFTGYM_CPU_LINEAR)."""
     v = os.environ.get("DRAFTGYM_CPU_LINEAR", "onednn").strip().lower()
-    return v if v in ("onednn", "torch") else "onednn"
+    if v not in ("onednn", "torch"):
+        raise DraftGymError(f"DRAFTGYM_CPU_LINEAR must be 'onednn' or 'torch', got {v!r}")
+    return v
 
 
 def backend_name() -> str:
@@ -84,8 +89,10 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, backend=onednn"
 
 
+@lru_cache(maxsize=None)
 def _self_check() -> bool:
-    """The kernel runs and agrees with F.linear on this machine (a broken build falls back)."""
+    """The kernel runs and agrees with F.linear on this machine (a broken build falls back); once
+    per process."""
     try:
         g = torch.Generator().manual_seed(0)
         lin = nn.Linear(64, 48, bias=True)

@@ -78,7 +78,7 @@ class Engine:
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
         # On a CPU in fp32 the target's and the head's linears run on oneDNN with packed weights
-        # (pipeline/cpu_linear.py: MKL's few-row sgemm made a 2-8 token verify cost 1.6-1.8x an AR
+        # (pipeline/cpu_linear.py: MKL's few-row sgemm made a 2-8 token verify cost 1.5-1.9x an AR
         # step). AR and EAGLE-3 share the packed model, so speedups still compare like with like.
         pack_linears(model)
         if head is not None:

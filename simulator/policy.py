@@ -179,17 +179,25 @@ def set_obs_norm(net, observations: np.ndarray, min_std: float = 1e-2) -> None:
     layer.std.copy_(torch.from_numpy(sd.astype(np.float32)))
 
 
-def net_tensors(net) -> list:
-    """The net's parameters and buffers, listed once (walking the module tree costs ~0.1 ms a call)."""
-    return list(net.parameters()) + list(net.buffers())
+class _NumpyCopy:
+    """A numpy copy of a torch net that knows when it is stale: built from another net, or the net's
+    weights changed in place since (the sum of the tensors' version counters moves on every
+    optimiser step or load). The tensors are listed once: walking the module tree costs ~0.1 ms."""
+
+    def _track(self, net) -> None:
+        self.net, self.tensors = net, list(net.parameters()) + list(net.buffers())
+        self.version = sum(t._version for t in self.tensors)
+
+    def stale(self, net) -> bool:
+        return net is not self.net or sum(t._version for t in self.tensors) != self.version
+
+    @classmethod
+    def fresh(cls, cached, net, **kw):
+        """`cached` if it is still the net's function, else a new copy."""
+        return cached if cached is not None and not cached.stale(net) else cls(net, **kw)
 
 
-def weights_version(tensors) -> int:
-    """Sum of the tensors' in-place version counters: changes on every optimiser step or load."""
-    return sum(t._version for t in tensors)
-
-
-class NumpyMLP:
+class NumpyMLP(_NumpyCopy):
     """Batch-1 forward of an `mlp` net (build_net) in numpy: the online controller's path.
 
     Same weights and the same function as the torch module, up to float rounding (the tests check
@@ -217,17 +225,7 @@ class NumpyMLP:
         self.layers = [(np.ascontiguousarray(m.weight.detach().numpy().T), m.bias.detach().numpy().copy())
                        for m in mods if isinstance(m, nn.Linear)]     # [in, out], [out]
         self.pad, self.tail, self._const = pad, tail, {}
-        self.net, self.tensors = net, net_tensors(net)
-        self.version = weights_version(self.tensors)
-
-    def stale(self, net) -> bool:
-        """The copy was built from another net, or the net's weights changed in place since."""
-        return net is not self.net or weights_version(self.tensors) != self.version
-
-    @classmethod
-    def fresh(cls, cached, net, **kw) -> "NumpyMLP":
-        """`cached` if the net's weights have not changed since it was built, else a new copy."""
-        return cached if cached is not None and not cached.stale(net) else cls(net, **kw)
+        self._track(net)
 
     def _norm(self, x):
         return x if self.mean is None else (x - self.mean) / self.std
@@ -251,7 +249,7 @@ class NumpyMLP:
         return h
 
 
-class NumpyRadar:
+class NumpyRadar(_NumpyCopy):
     """Batch-1 step of RADAR's net (LSTMCell + MLP) in numpy: the online controller's path, for the
     same reason as NumpyMLP (torch's per-op dispatch between two verify forwards). PyTorch's LSTMCell:
         gates = x W_ih^T + b_ih + h W_hh^T + b_hh = [i | f | g | o]      # [4 hidden]
@@ -261,17 +259,11 @@ class NumpyRadar:
     def __init__(self, net):
         cell = net.cell
         # one matmul for both inputs: [x, h] @ [W_ih | W_hh]^T
-        self.W = np.ascontiguousarray(torch_cat_T(cell.weight_ih, cell.weight_hh))    # [k + hidden, 4 hidden]
+        self.W = np.ascontiguousarray(np.concatenate(
+            [cell.weight_ih.detach().numpy().T, cell.weight_hh.detach().numpy().T]).astype(np.float32))  # [k + hidden, 4 hidden]
         self.b = (cell.bias_ih + cell.bias_hh).detach().numpy().astype(np.float32)     # [4 hidden]
         self.mlp = NumpyMLP(net.head)
-        self.net, self.tensors = net, net_tensors(net)
-        self.version = weights_version(self.tensors)
-
-    stale = NumpyMLP.stale
-
-    @classmethod
-    def fresh(cls, cached, net) -> "NumpyRadar":
-        return cached if cached is not None and not cached.stale(net) else cls(net)
+        self._track(net)
 
     def __call__(self, x: np.ndarray, h: np.ndarray, c: np.ndarray):
         """x: [k], h, c: [hidden] -> (logits [2], h', c')."""
@@ -282,11 +274,6 @@ class NumpyRadar:
         c2 = sig(f) * c + sig(i) * np.tanh(g)
         h2 = sig(o) * np.tanh(c2)
         return self.mlp(np.concatenate([h2, x])), h2.astype(np.float32), c2.astype(np.float32)
-
-
-def torch_cat_T(*ws) -> np.ndarray:
-    """[out, in_a], [out, in_b], ... (torch weights) -> [in_a + in_b + ..., out] float32 numpy."""
-    return np.concatenate([w.detach().numpy().T for w in ws], axis=0).astype(np.float32)
 
 
 def _radar_net_cls():
@@ -639,7 +626,7 @@ class PolicyController:
                 W, need = step.width, self.policy.step_fields
                 # only the fields this policy reads (each is a tensor -> numpy copy, cold between verifies)
                 pad = lambda x, n: np.concatenate([x, np.full(n - len(x), np.nan, np.float32)])[None]
-                s = StepBatch(env=np.array([0]), depth=step.depth, width=W,
+                s = StepBatch(env=self.zero, depth=step.depth, width=W,
                               beam_scores=obs.to_numpy(step.beam_scores)[None] if "beam_scores" in need else None,
                               candidate_scores=pad(obs.to_numpy(step.candidate_scores), W * W)
                               if "candidate_scores" in need else None,
@@ -661,7 +648,7 @@ class PolicyController:
                 raw = obs.level_scores_from_pool(scores, W, D, self.max_depth)     # [Dmax, W*W]
                 lv = np.full(raw.shape, obs.SCORE_FLOOR, np.float32)
                 lv[:D] = obs.sort_levels(raw[:D], W)
-                p = PoolBatch(env=np.array([0]), depth=np.array([D]), width=W, level_scores=lv[None],
+                p = PoolBatch(env=self.zero, depth=np.array([D]), width=W, level_scores=lv[None],
                               context_len=np.array([self.ctx_len]))
                 self.calls += 1
                 return int(np.asarray(self.policy.verify_size(p, np.array([shape.verify_size])))[0])
@@ -669,7 +656,7 @@ class PolicyController:
             def observe(self, record):
                 if not self.observes:
                     return
-                self.policy.observe(np.array([0]), {k: np.array([getattr(record, k)]) for k in
+                self.policy.observe(self.zero, {k: np.array([getattr(record, k)]) for k in
                                                     ("depth", "width", "verify_size", "accepted", "emitted",
                                                      "context_len", "t_cycle")})
 

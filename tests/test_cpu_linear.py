@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from pipeline.cpu_linear import PackedLinear, backend_available, backend_name, pack_linears
+from pipeline.errors import DraftGymError
 from pipeline.fingerprint import device_name
 
 pytestmark = pytest.mark.skipif(not backend_available(), reason="this torch build has no oneDNN linear")
@@ -70,6 +71,9 @@ def test_switch_off(monkeypatch):
     assert backend_name() == "torch" and device_name("cpu").endswith("torch linear)")
     monkeypatch.setenv("DRAFTGYM_CPU_LINEAR", "onednn")
     assert backend_name() == "onednn" and device_name("cpu").endswith("onednn linear)")
+    monkeypatch.setenv("DRAFTGYM_CPU_LINEAR", "mkl")
+    with pytest.raises(DraftGymError, match="DRAFTGYM_CPU_LINEAR must be 'onednn' or 'torch', got 'mkl'"):
+        pack_linears(_mlp())
 
 
 def test_engine_packs_and_stays_lossless(tiny_llama):

@@ -1,12 +1,7 @@
 """One linear layer by rows, MKL (F.linear) vs oneDNN (plain and with a packed weight), 2 threads.
 Run: .venv/bin/python docs/adhoc/linear_backends_matmul.py"""
-import torch, time
-torch.set_num_threads(2)
-def bench(f, n=30):
-    for _ in range(3): f()
-    t=time.perf_counter()
-    for _ in range(n): f()
-    return (time.perf_counter()-t)/n*1e3
+import torch
+from matmul_by_rows import bench          # same timing loop (2 threads, 3 warm-up, mean of 30)
 for (o,i) in [(1536,576),(576,576),(192,576),(49152,576)]:
     W = torch.randn(o,i)
     Wm = W.to_mkldnn()

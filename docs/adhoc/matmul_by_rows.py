@@ -5,7 +5,8 @@ def bench(f, n=30):
     t=time.perf_counter()
     for _ in range(n): f()
     return (time.perf_counter()-t)/n*1e3
-for (o,i) in [(1536,576),(576,1536),(49152,576)]:
+if __name__ == "__main__":       # bench() is shared with linear_backends_matmul.py
+  for (o,i) in [(1536,576),(576,1536),(49152,576)]:
     W = torch.randn(o,i); Wt = W.t().contiguous()
     for M in (1,2,4,8):
         x = torch.randn(M,i)
