@@ -8,6 +8,14 @@ A `Policy` has the engine's four hooks, batched over many independent generation
     verify_size(PoolBatch, V) -> V[n]   once before verification (size policies)
     observe(env, record)                after the cycle (numpy arrays keyed like CycleRecord)
 
+Batch-1 fast paths (optional): the online controller (PolicyController, n = 1) calls these instead
+of the batched hooks when a policy defines them. They must make the same decisions from the same
+observations (observations.*_one / *_parts are bit-equal to the batched builders; tests check both):
+
+    plan_one(ctx: CycleContext) -> (D_max, W, V)          (only for plans that make no policy call)
+    continue_one(step: DraftStep) -> bool
+    verify_size_one(pool_scores [W + (D-1) W^2], depth, context_len, verify) -> V
+
 Class attributes tell the simulator which hooks to call and what a call costs:
     uses_depth_hook / uses_size_hook    bool
     width                               the W its hooks' observations assume (hook policies)
@@ -104,6 +112,7 @@ class Policy:
     uses_depth_hook = False
     uses_size_hook = False
     step_fields = ("beam_scores", "candidate_scores", "entropy")   # StepBatch fields continue_drafting reads
+    reads_root_scores = True         # plan() reads PlanBatch.last_root_scores (Re-SpS)
     call_cost: str | float = 0.0
     width: int | None = None
 
@@ -235,15 +244,35 @@ class NumpyMLP(_NumpyCopy):
         W1, b1 = self.layers[0]
         n_in = W1.shape[0]
         if live is None or self.pad is None or live >= n_in - self.tail:
-            h = self._norm(np.asarray(x, np.float32)) @ W1 + b1
-        else:
-            if live not in self._const:     # the padded columns' contribution, once per live prefix
-                padn = self._norm(self.pad.astype(np.float32))[live: n_in - self.tail]
-                self._const[live] = (padn @ W1[live: n_in - self.tail] + b1).astype(np.float32)
-            xn = self._norm(np.asarray(x, np.float32))
-            h = self._const[live] + xn[:live] @ W1[:live]
-            if self.tail:
-                h = h + xn[n_in - self.tail:] @ W1[n_in - self.tail:]
+            return self._hidden(self._norm(np.asarray(x, np.float32)) @ W1 + b1)
+        xn = self._norm(np.asarray(x, np.float32))
+        return self._first_live(xn[:live], xn[n_in - self.tail:] if self.tail else None)
+
+    def call_parts(self, x_live: np.ndarray, x_tail: np.ndarray | None) -> np.ndarray:
+        """= self(x, live=len(x_live)) for x = [x_live, pad columns, x_tail], without building x:
+        x_live: [live], x_tail: [tail] (or None when tail = 0). Same float ops, same result."""
+        n_in, live = self.layers[0][0].shape[0], len(x_live)
+        if live >= n_in - self.tail:         # nothing padded: the whole input is given
+            return self(np.concatenate([x_live] + ([x_tail] if self.tail else [])))
+        if self.pad is None:
+            raise ValueError("call_parts needs the padded columns' value (NumpyMLP(pad=...))")
+        norm = (lambda v, a, b: v) if self.mean is None else (lambda v, a, b: (v - self.mean[a:b]) / self.std[a:b])
+        xn_tail = norm(np.asarray(x_tail, np.float32), n_in - self.tail, n_in) if self.tail else None
+        return self._first_live(norm(np.asarray(x_live, np.float32), 0, live), xn_tail)
+
+    def _first_live(self, xn_live, xn_tail):
+        """First layer from the normalised live prefix and tail, the padded columns' part cached."""
+        W1, b1 = self.layers[0]
+        n_in, live = W1.shape[0], len(xn_live)
+        if live not in self._const:     # the padded columns' contribution, once per live prefix
+            padn = self._norm(self.pad.astype(np.float32))[live: n_in - self.tail]
+            self._const[live] = (padn @ W1[live: n_in - self.tail] + b1).astype(np.float32)
+        h = self._const[live] + xn_live @ W1[:live]
+        if self.tail:
+            h = h + xn_tail @ W1[n_in - self.tail:]
+        return self._hidden(h)
+
+    def _hidden(self, h):
         for W, b in self.layers[1:]:
             h = np.maximum(h, 0.0) @ W + b
         return h
@@ -356,13 +385,39 @@ class LTDPolicy(Policy):
             return _choose(self._np_depth(o[0])[None], self.sample, self.rng) == CONTINUE
         return _choose(_torch_logits(self.depth_net, o), self.sample, self.rng) == CONTINUE
 
+    # batch-1 fast paths (see the module docstring): same observations, nets and decisions as the
+    # batched hooks, with a few numpy calls instead of ~40 per cycle, which is what LTD's controller
+    # time was made of (BENCHMARKS.md G1).
+    reads_root_scores = False
+
+    def plan_one(self, ctx) -> tuple[int, int, int]:
+        return (self.max_depth if self.uses_depth_hook else self.fixed_depth), self.width, self.verify
+
+    def continue_one(self, step) -> bool:
+        o = obs.ltd_depth_obs_one(obs.to_numpy(step.candidate_scores), step.depth, step.context_len,
+                                  self.width)                                               # [W*W + 2]
+        self._np_depth = NumpyMLP.fresh(self._np_depth, self.depth_net)
+        return bool(_choose(self._np_depth(o)[None], self.sample, self.rng)[0] == CONTINUE)
+
+    def verify_size_one(self, pool_scores: np.ndarray, depth: int, context_len: int, verify: int) -> int:
+        """verify_size for one generation: pool_scores [W + (D-1) W^2], one DraftPool row."""
+        live, tail = obs.ltd_size_obs_parts(pool_scores, self.width, depth, context_len, self.max_depth)
+        logits = self._size_mlp().call_parts(live, tail)
+        return int(self.size_values[_choose(logits[None], self.sample, self.rng)[0]])
+
+    def _size_mlp(self) -> NumpyMLP:
+        """The size net's numpy copy; levels deeper than the drafted depth hold SCORE_FLOOR and the
+        last two columns are [depth, context] (the `live` / `call_parts` layout)."""
+        if self._np_size is None or self._np_size.stale(self.size_net):
+            pad = np.full(obs.ltd_size_obs_dim(self.width, self.max_depth), obs.SCORE_FLOOR, np.float32)
+            self._np_size = NumpyMLP(self.size_net, pad=pad, tail=2)
+        return self._np_size
+
     def verify_size(self, pool, verify):
         o = obs.ltd_size_obs(pool.level_scores, pool.depth, pool.context_len, self.width, self.max_depth, presorted=True)
         if len(o) == 1:                  # batch 1: numpy, reading only the drafted levels' weight rows
-            self._np_size = NumpyMLP.fresh(self._np_size, self.size_net,
-                                           pad=np.full(o.shape[-1], obs.SCORE_FLOOR, np.float32), tail=2)
             D = min(int(np.asarray(pool.depth).ravel()[0]), self.max_depth)
-            logits = self._np_size(o[0], live=self.width + (D - 1) * self.width * self.width)
+            logits = self._size_mlp()(o[0], live=self.width + (D - 1) * self.width * self.width)
             return self.size_values[_choose(logits[None], self.sample, self.rng)]
         return self.size_values[_choose(_torch_logits(self.size_net, o), self.sample, self.rng)]
 
@@ -373,6 +428,7 @@ class RadarPolicy(Policy):
     call_cost = "model"
     uses_depth_hook = True
     step_fields = ("beam_scores",)
+    reads_root_scores = False
 
     def __init__(self, net, width: int = 10, verify_size: int = 60, max_calls: int = obs.RADAR_MAX_CALLS,
                  name: str = "radar", sample: bool = False):
@@ -390,6 +446,18 @@ class RadarPolicy(Policy):
         self.h[b.env] = 0.0
         self.c[b.env] = 0.0
         return const_shape(len(b.env), self.max_calls, self.width, self.verify)
+
+    # batch-1 fast paths (see the module docstring)
+    def plan_one(self, ctx) -> tuple[int, int, int]:
+        self.h[0] = 0.0
+        self.c[0] = 0.0
+        return self.max_calls, self.width, self.verify
+
+    def continue_one(self, step) -> bool:
+        x = obs.radar_obs_one(obs.to_numpy(step.beam_scores), self.width)    # [W]
+        self._np = NumpyRadar.fresh(self._np, self.net)
+        logits, self.h[0], self.c[0] = self._np(x, self.h[0], self.c[0])
+        return bool(_choose(logits[None], self.sample, self.rng)[0] == CONTINUE)
 
     def continue_drafting(self, s):
         import torch
@@ -584,7 +652,7 @@ class PolicyController:
     """
 
     def __new__(cls, policy: Policy, max_depth: int = 12):
-        from pipeline.controller import Controller
+        from pipeline.controller import Controller, TreeShape
 
         if getattr(policy, "offline_only", False):
             raise DraftGymError(f"{policy.name} needs the logged future (offline only)")
@@ -597,6 +665,11 @@ class PolicyController:
                 self.zero = np.zeros(1, np.int64)
                 # observe() builds its record only for policies that read it (the base one is a no-op)
                 self.observes = type(policy).observe is not Policy.observe
+                # batch-1 fast paths where the policy has them (LTD, RADAR), else the batched hooks, n = 1
+                self.plan_one = getattr(policy, "plan_one", None)
+                self.continue_one = getattr(policy, "continue_one", None)
+                self.verify_size_one = getattr(policy, "verify_size_one", None)
+                self.shapes = {}            # (D, W, V) -> TreeShape, built once each
 
             def reset(self):
                 self.calls = 0          # policy inferences, counted as the replay counts them (replay.simulate)
@@ -605,13 +678,17 @@ class PolicyController:
                 self.ctx_len = 0
 
             def plan(self, ctx):
-                from pipeline.controller import TreeShape
-
+                self.ctx_len = ctx.context_len
+                if self.plan_one is not None:
+                    key = self.plan_one(ctx)
+                    shape = self.shapes.get(key)
+                    if shape is None:
+                        shape = self.shapes[key] = TreeShape(*key)
+                    return shape
                 last = ctx.last
                 # [6, 1]: the previous cycle's D, W, V, L, emitted, and this context length; one array
                 lv = np.array([[0], [0], [0], [0], [0], [ctx.context_len]]) if last is None else np.array(
                     [[last.depth], [last.width], [last.verify_size], [last.accepted], [last.emitted], [ctx.context_len]])
-                self.ctx_len = ctx.context_len
                 sh = self.policy.plan(PlanBatch(
                     env=self.zero, seq=self.zero, position=self.zero, cycle=np.array([ctx.cycle]),
                     context_len=lv[5], has_last=np.array([last is not None]),
@@ -623,6 +700,9 @@ class PolicyController:
             def continue_drafting(self, step):
                 if not self.policy.uses_depth_hook:
                     return True
+                if self.continue_one is not None:
+                    self.calls += 1
+                    return self.continue_one(step)
                 W, need = step.width, self.policy.step_fields
                 # only the fields this policy reads (each is a tensor -> numpy copy, cold between verifies)
                 pad = lambda x, n: np.concatenate([x, np.full(n - len(x), np.nan, np.float32)])[None]
@@ -638,11 +718,15 @@ class PolicyController:
             def verify_size(self, pool, shape):
                 scores = obs.to_numpy(pool.scores[0])
                 W, D = pool.width, pool.depth
-                k = min(W, obs.RESPS_ROOT_K)
-                self.root = np.full(obs.RESPS_ROOT_K, np.nan, np.float32)
-                self.root[:k] = scores[:k]
+                if self.policy.reads_root_scores:
+                    k = min(W, obs.RESPS_ROOT_K)
+                    self.root = np.full(obs.RESPS_ROOT_K, np.nan, np.float32)
+                    self.root[:k] = scores[:k]
                 if not self.policy.uses_size_hook:
                     return shape.verify_size
+                if self.verify_size_one is not None:
+                    self.calls += 1
+                    return self.verify_size_one(scores, D, self.ctx_len, shape.verify_size)
                 # only the D drafted levels need sorting; deeper ones are all-NaN, which sort_levels
                 # turns into SCORE_FLOOR rows: fill those directly (same array, ~10x less work at D = 1)
                 raw = obs.level_scores_from_pool(scores, W, D, self.max_depth)     # [Dmax, W*W]

@@ -45,6 +45,46 @@ def test_size_obs_pool_equals_levels(syn):
     assert from_pool[-2] == D
 
 
+def test_batch1_builders_equal_batched(syn):
+    """The online controller's batch-1 builders (ltd_depth_obs_one, ltd_size_obs_parts) give the
+    batched builders' vectors bit for bit, also for NaN, +-inf, values above 0 and below the floor."""
+    logs, _ = syn
+    W, Dm = 10, logs.max_depth
+    wa = logs.w[W]
+    rng = np.random.default_rng(0)
+    for r in (0, 11, 40):
+        for d in (1, 2, 5):
+            k = W if d == 1 else W * W
+            c = wa.candidate_scores[r, d - 1, :k].copy()
+            if r == 40:                                    # the edge cases clean_scores handles
+                c[rng.choice(k, 4, replace=False)] = [np.nan, -np.inf, np.inf, -1e9]
+                c[0] = 0.25
+            ref = O.ltd_depth_obs(c[None], d, np.array([int(logs.context_len[r])]), W)[0]
+            assert np.array_equal(O.ltd_depth_obs_one(c, d, int(logs.context_len[r]), W), ref)
+        c = wa.candidate_scores[r]
+        for D in (1, 2, 4, Dm):
+            pool = np.concatenate([c[0, :W], c[1:D].reshape(-1)]).astype(np.float32)
+            if r == 40:
+                pool[rng.choice(len(pool), 3, replace=False)] = [np.nan, -np.inf, 0.5]
+            ref = O.ltd_size_obs_from_pool(pool, W, D, int(logs.context_len[r]), Dm)
+            live, tail = O.ltd_size_obs_parts(pool, W, D, int(logs.context_len[r]), Dm)
+            assert len(live) == W + (D - 1) * W * W
+            assert np.array_equal(live, ref[: len(live)]) and np.array_equal(tail, ref[-2:])
+            assert (ref[len(live): -2] == O.SCORE_FLOOR).all()
+    for r in (0, 40):
+        for d in (1, 3):
+            b = wa.beam_scores[r, d - 1].copy()
+            b[[1, 4]] = [np.nan, -np.inf]
+            assert np.array_equal(O.radar_obs_one(b, W), O.radar_obs(b[None], W)[0])
+            assert np.array_equal(O.radar_obs_one(b[:6], W), O.radar_obs(b[None, :6], W)[0])   # padded
+    try:
+        O.ltd_size_obs_parts(np.zeros(W + 5, np.float32), W, 2, 10, Dm)
+    except ValueError as e:
+        assert "depth-2 width-10 pool" in str(e)
+    else:
+        raise AssertionError("a short pool must be refused")
+
+
 def test_radar_and_resps_obs(syn):
     logs, _ = syn
     x = O.radar_obs(logs.beam_scores[:50, 2])

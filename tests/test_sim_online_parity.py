@@ -100,6 +100,32 @@ def test_engine_with_policy_matches_replay(collected):
     assert total > 100
 
 
+def test_controller_takes_the_batch1_paths(collected):
+    """LTD and RADAR run online through plan_one / continue_one / verify_size_one, never through the
+    batched hooks; test_engine_with_policy_matches_replay shows those decisions equal the replay's."""
+    eng, logs, prompts = collected
+    for pol in [p for p in _policies(logs) if isinstance(p, (LTDPolicy, RadarPolicy))]:
+        calls = {k: 0 for k in ("plan", "continue_drafting", "verify_size",
+                                "plan_one", "continue_one", "verify_size_one")}
+
+        def count(name, f):
+            def g(*a, **kw):
+                calls[name] += 1
+                return f(*a, **kw)
+            return g
+
+        for name in calls:
+            if hasattr(pol, name):
+                setattr(pol, name, count(name, getattr(pol, name)))
+        ctrl = PolicyController(pol, max_depth=DMAX)
+        out = eng.generate(prompts[0], T, controller=ctrl)
+        n = len(out.cycles)
+        assert calls["plan"] == calls["continue_drafting"] == calls["verify_size"] == 0, pol.name
+        assert calls["plan_one"] == n and calls["continue_one"] >= n, pol.name
+        assert calls["verify_size_one"] == (n if isinstance(pol, LTDPolicy) else 0), pol.name
+        assert ctrl.calls == calls["continue_one"] + calls["verify_size_one"], pol.name
+
+
 def test_oracle_is_offline_only(collected):
     _, logs, _ = collected
     with pytest.raises(DraftGymError, match="offline only"):
@@ -127,6 +153,8 @@ def test_numpy_mlp_matches_torch():
         np.testing.assert_allclose(fast(o[0], live=live), ref, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(fast(o[0]), ref, rtol=1e-5, atol=1e-5)
         assert fast(o[0], live=live).argmax() == ref.argmax()
+        # the parts form (LTD's online size path) is the live form, bit for bit
+        assert np.array_equal(fast.call_parts(o[0, :live], o[0, -2:]), fast(o[0], live=live))
     # a changed net (an optimiser step, a loaded state_dict) is noticed: `fresh` rebuilds the copy
     assert NumpyMLP.fresh(fast, net) is fast
     with torch.no_grad():

@@ -40,3 +40,30 @@ def thr_of(choice, L, t):
 print("per-decile shapes:", [shapes[p] for p in pick])
 print(f"test: grid-best {thr_of(np.full(len(Lte), g), Lte, tte):.2f}, decile lookup {thr_of(pick[bte], Lte, tte):.2f}, "
       f"per-cycle hindsight best {thr_of(np.argmax((Lte + 1) - lam * tte, 1), Lte, tte):.2f} tok/s (per-cycle form, no DP)")
+
+# A richer, still causal-enough predictor: per shape, a ridge regression of the per-cycle gain on the
+# draft's confidences (top-3 at depth 1, top-2 at depth 2, top-1 at depth 3, the first two entropies),
+# the accepted lengths of the two previous positions under grid-best (the "recent acceptance" that
+# Re-SpS reads) and log context length, with squared and hinge terms; the choice is the argmax of the
+# predicted gains. Deeper confidences are only known after drafting that deep, so this is an upper
+# bound for any policy that reads these features.
+def features(lg):
+    bs = np.nan_to_num(lg.w[W].beam_scores, nan=-20.0).clip(-20, 0)                    # [N, Dmax, W]
+    ent = np.nan_to_num(lg.w[W].entropy, nan=0.0).reshape(lg.n_positions, -1)
+    L_g = lg.w[W].acceptance[:, shapes[g][0] - 1, lg.grid_index(np.array([shapes[g][2]]))[0]].astype(float)
+    first = np.r_[True, lg.seq_index[1:] != lg.seq_index[:-1]]
+    prev = np.r_[0.0, L_g[:-1]]; prev[first] = 0
+    prev2 = np.r_[0.0, prev[:-1]]; prev2[first] = 0
+    return np.column_stack([bs[:, 0, :3], bs[:, 1, :2], bs[:, 2, 0], ent[:, :2], prev, prev2, np.log1p(lg.context_len)])
+
+Xtr, Xte = features(tr), features(te)
+mu, sd = Xtr.mean(0), Xtr.std(0) + 1e-6
+expand = lambda X, c: (lambda Z: np.column_stack([np.ones(len(Z)), Z, Z ** 2, np.maximum(Z, 0)]))((X[:, c] - mu[c]) / sd[c])
+Gtr = (Ltr + 1) - lam * ttr                                                            # [N, A] per-cycle gain
+for name, c in [("depth-1 top log-prob", [0]), ("confidences + entropies", list(range(8))),
+                ("previous acceptance", [8, 9]), ("all", list(range(11)))]:
+    A = expand(Xtr, c)
+    coef = np.linalg.solve(A.T @ A + np.eye(A.shape[1]), A.T @ Gtr)                    # ridge, lambda = 1
+    pick_te = np.argmax(expand(Xte, c) @ coef, 1)
+    print(f"ridge on {name:24s}: test {thr_of(pick_te, Lte, tte):.2f} tok/s "
+          f"({thr_of(pick_te, Lte, tte) / thr_of(np.full(len(Lte), g), Lte, tte) - 1:+.1%} vs grid-best)")
