@@ -175,6 +175,10 @@ class InSituSampler:
         self.extra: list[tuple] = []          # (op, stats, W, V, c) rows added as they are
         self.done = 0                         # trees run, over all rounds
         self.rounds = 0
+        # drift: the same samples again, grouped by the stretch of time they were taken in (the caller
+        # names it, e.g. validate names each dataset's decoding); see speed_factor
+        self.segment: str | None = None
+        self.by_segment: dict[str | None, dict[tuple, list[float]]] = {}
 
     def isolated_jobs(self):
         return [("draft_isolated", W, 0, c) for W in self.widths for c in self.contexts] + \
@@ -187,10 +191,25 @@ class InSituSampler:
         cyc = [x for x in cyc if x.verify_size == min(V, 1 + W + (D - 1) * W * W)]
         if not cyc:
             raise DraftGymError(f"profile: no cycles of the static tree ({D}, {W}, {V}) at context {c}")
+        seg = self.by_segment.setdefault(self.segment, {})
         if timed_verify:
             self.verify.setdefault((V, c), []).extend(x.t_verify for x in cyc)
+            seg.setdefault(("verify", V, c), []).extend(x.t_verify for x in cyc)
         self.drafts.setdefault((W, c), []).extend(x.t_draft / x.depth for x in cyc)
+        seg.setdefault(("draft", W, c), []).extend(x.t_draft / x.depth for x in cyc)
         self.done += 1
+
+    def speed_factor(self, segment: str | None) -> tuple[float, int] | None:
+        """How much slower (> 1) the machine ran during `segment` than over all samples pooled:
+        the median over the cells (verify (V, c) and draft (W, c)) that segment sampled of
+        mean(its samples) / mean(all samples of the cell). One number from many cells, so a noisy
+        cell moves it little. Returns (factor, cells), or None when the segment sampled nothing."""
+        seg = self.by_segment.get(segment) or {}
+        ratios = []
+        for (op, a, c), ts in seg.items():
+            pooled = self.verify[(a, c)] if op == "verify" else self.drafts[(a, c)]
+            ratios.append(np.mean(ts) / np.mean(pooled))
+        return (float(np.median(ratios)), len(ratios)) if ratios else None
 
     def step(self, n_trees: int = 1) -> None:
         """Run the next n trees of the grid (cycling through it); a round ends every len(jobs) trees.

@@ -152,6 +152,20 @@ class LatencyModel:
         eye = np.where(t < t_max, t + 1, t)
         return T0 + Tf * t + self.policy_s * eye
 
+    def scaled(self, factor: float) -> "LatencyModel":
+        """The same profile on a machine `factor` times slower (> 1) or faster (< 1): every engine op
+        (draft, verify, overhead; median, p10, p90) times factor. Policy costs are kept: they are
+        measured per checkpoint and are ~1 % of a cycle. Used for drift: on a shared VM the whole
+        machine's speed moves by 10-30 % within minutes while the shape of the surfaces holds, so
+        `draftgym validate --profile-interleave` rescales the pooled profile by the speed its own
+        samples saw during each dataset's decoding (pipeline.profile.InSituSampler.speed_factor)."""
+        def sc(surf):
+            p = surf.points
+            return Surface(p["x"], p["ctx"], p["median"] * factor, p["p10"] * factor, p["p90"] * factor)
+
+        return LatencyModel(sc(self.draft), sc(self.verify), sc(self.overhead), self.policy_s, self.policy_spread,
+                            {**self.meta, "speed_factor": float(factor)}, dict(self.policy_costs))
+
     # ---- constructors
     @classmethod
     def from_rows(cls, rows, model: str | None = None, profile: str | None = None,

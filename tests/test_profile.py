@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from online.cli import main as cli
 from pipeline.schema import read_table, table_files
 
@@ -27,3 +29,24 @@ def test_profile_bad_args(capsys):
     assert cli(["profile", "--head", "/no/such/head"]) == 2
     assert "EAGLE-3 head directory not found" in capsys.readouterr().err
     assert cli(["profile", "--verify-sizes", "1,x"]) == 2
+
+
+def test_speed_factor_is_the_median_cell_ratio():
+    """InSituSampler.speed_factor: per sampled cell, mean(segment) / mean(all); the median over cells."""
+    from pipeline.profile import InSituSampler
+
+    s = object.__new__(InSituSampler)            # only the sample stores: no engine needed
+    s.verify, s.drafts, s.by_segment = {}, {}, {}
+    def add(seg, op, key, ts):
+        s.by_segment.setdefault(seg, {}).setdefault((op, *key), []).extend(ts)
+        (s.verify if op == "verify" else s.drafts).setdefault(key, []).extend(ts)
+    for V in (1, 4, 8):                           # "a" ran 1.5x as slow as "b" on every verify cell
+        add("a", "verify", (V, 32), [0.03 * V, 0.03 * V])
+        add("b", "verify", (V, 32), [0.02 * V, 0.02 * V])
+    add("a", "draft", (10, 32), [0.010])          # one noisy cell moves the median little
+    add("b", "draft", (10, 32), [0.001])
+    fa, na = s.speed_factor("a")
+    fb, nb = s.speed_factor("b")
+    assert na == nb == 4
+    assert fa == pytest.approx(0.03 / 0.025) and fb == pytest.approx(0.02 / 0.025)
+    assert s.speed_factor("never") is None

@@ -44,6 +44,21 @@ def test_piecewise_linear_between_points(tmp_path):
     assert v.shape == (2, 2) and v[1, 1] == pytest.approx(pt[(60, 300)])
 
 
+def test_scaled_is_a_slower_machine():
+    """scaled(f): every engine op (draft, verify, overhead; central value and quantiles) x f, policy
+    costs unchanged; what validate's time-local clock uses for drift."""
+    lat = LatencyModel.from_rows(latency_rows("m", "cpu", widths=(10,), verify_grid=(1, 60), contexts=(100, 300)))
+    lat.policy_costs["k"] = 0.003
+    s = lat.scaled(1.25)
+    for v, c in ((1, 100), (30, 200), (60, 300)):
+        assert s.t_verify(v, c) == pytest.approx(1.25 * lat.t_verify(v, c))
+        assert s.verify(v, c, "p90") == pytest.approx(1.25 * lat.verify(v, c, "p90"))
+    assert s.t_draft(10, 150) == pytest.approx(1.25 * lat.t_draft(10, 150))
+    assert s.t_overhead(100) == pytest.approx(1.25 * lat.t_overhead(100))
+    assert s.policy_s == lat.policy_s and s.call_s("k") == 0.003
+    assert s.meta["speed_factor"] == 1.25 and "speed_factor" not in lat.meta
+
+
 def test_noise_matches_measured_quantiles():
     lat = LatencyModel.from_rows(latency_rows("m", "cpu", widths=(10,), contexts=(512,)))
     rng = np.random.default_rng(0)

@@ -139,6 +139,15 @@ def test_validate_profile_interleave(tmp_path, tiny_model_dir, tiny_logs, radar_
     e = rep["datasets"]["mt-bench"]
     assert set(e["sim_vs_real"]["methods"]) == {"static", "grid-best", "ddd", "radar"}
     assert "--profile-interleave" in (out / "report.md").read_text()
+    # drift: the clock is the pooled profile x the speed its samples saw during this dataset's decoding;
+    # for static trees (no policy calls) that divides the simulated tokens/s by exactly that factor
+    svr = e["sim_vs_real"]
+    f = svr["profile_speed_factor"]["factor"]
+    assert svr["profile_speed_factor"]["cells"] >= 1 and 0.2 < f < 5
+    st = svr["methods"]["static"]
+    assert 1 + st["tokens_per_s_rel_error"] == pytest.approx((1 + st["tokens_per_s_rel_error_pooled"]) / f, rel=1e-6)
+    assert "tokens_per_s_rel_error_pooled" in svr["ar"]
+    assert "tok/s error, pooled" in (out / "report.md").read_text()
     from pipeline.schema import read_table, table_files
     n = {}
     for f in table_files(out, "latency"):
