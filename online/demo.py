@@ -11,7 +11,7 @@
                          the machine states the decoding actually saw)
 
 Each step is the `draftgym` command printed before it runs; every step resumes or overwrites, so
-running the demo twice is safe. Sizes are chosen to finish well inside 15 minutes on a 2-core CPU (397 s measured on 2026-11-23).
+running the demo twice is safe. Sizes are chosen to finish well inside 15 minutes on a 2-core CPU (320 s measured on 2026-11-23, BENCHMARKS.md G5).
 The shipped default head is used when this checkout has one, otherwise a random head.
 """
 from __future__ import annotations

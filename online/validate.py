@@ -248,7 +248,6 @@ def sim_vs_real(cfg: ValidateConfig, sim: dict, recs, runs, labels) -> dict:
     `machine_speed_factor` = real AR decode tokens/s / simulated, and every method's
     `tokens_per_s_rel_error_ar_anchored` is its error after the simulated tokens/s are scaled by
     that factor (equivalently: the error of the predicted speedup vs AR). A diagnostic: the raw
-    that factor (equivalently: the error of the predicted speedup vs AR). A diagnostic: the raw
     error is the one the issue's <= 10 % target is about.
 
     With --profile-interleave the clock is time-local: the pooled profile rescaled by the speed its

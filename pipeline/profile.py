@@ -193,10 +193,12 @@ class InSituSampler:
             raise DraftGymError(f"profile: no cycles of the static tree ({D}, {W}, {V}) at context {c}")
         seg = self.by_segment.setdefault(self.segment, {})
         if timed_verify:
-            self.verify.setdefault((V, c), []).extend(x.t_verify for x in cyc)
-            seg.setdefault(("verify", V, c), []).extend(x.t_verify for x in cyc)
-        self.drafts.setdefault((W, c), []).extend(x.t_draft / x.depth for x in cyc)
-        seg.setdefault(("draft", W, c), []).extend(x.t_draft / x.depth for x in cyc)
+            t_verify = [x.t_verify for x in cyc]
+            self.verify.setdefault((V, c), []).extend(t_verify)
+            seg.setdefault(("verify", V, c), []).extend(t_verify)
+        t_draft_step = [x.t_draft / x.depth for x in cyc]
+        self.drafts.setdefault((W, c), []).extend(t_draft_step)
+        seg.setdefault(("draft", W, c), []).extend(t_draft_step)
         self.done += 1
 
     def speed_factor(self, segment: str | None) -> tuple[float, int] | None:

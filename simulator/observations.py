@@ -219,11 +219,11 @@ def ltd_size_obs_parts(pool_scores, width: int, depth: int, context_len: int,
     at a fraction of its cost: it never builds the [max_depth, W*W] level array.
     pool_scores: [>= W + (D-1) W^2] `DraftPool.scores` of one row, in pool order."""
     s = to_numpy(pool_scores)
+    pool_size = width + (int(depth) - 1) * width * width
+    if s.shape[-1] < pool_size:
+        raise ValueError(f"pool has {s.shape[-1]} scores, a depth-{depth} width-{width} pool has {pool_size}")
     D = min(int(depth), max_depth)
     n = width + (D - 1) * width * width
-    if s.shape[-1] < width + (int(depth) - 1) * width * width:
-        raise ValueError(f"pool has {s.shape[-1]} scores, a depth-{depth} width-{width} pool has "
-                         f"{width + (int(depth) - 1) * width * width}")
     s = clean_scores(s[:n])
     live = np.empty(n, np.float32)
     live[:width] = np.sort(s[:width])[::-1]               # level 1: its W scores, descending
