@@ -1,0 +1,50 @@
+"""Where a checkpoint's controller time goes inside real decoding: the engine's t_controller per
+cycle, then per-function wall time (observation builders, the numpy nets, the controller hooks),
+over one 64-token greedy generation. Functions this checkout lacks are skipped, so the same script
+times older commits too (BENCHMARKS.md G1's "before" row ran on f6fe4ac).
+Run: .venv/bin/python docs/adhoc/controller_breakdown.py data/policies/ltd-wide2"""
+import sys
+import time
+
+import torch
+
+import simulator.observations as obs
+import simulator.policy as P
+from pipeline.engine import Engine
+from pipeline.generate import load_head_for
+from pipeline.target import encode_prompt, load_target
+
+torch.set_num_threads(2)
+t = load_target("smollm2-135m")
+eng = Engine(t.model, load_head_for("default", t.model), t.eos_token_ids)
+ids = encode_prompt(t.tokenizer, "Explain how a hash map works, step by step.")
+ctrl = P.PolicyController(P.load_checkpoint(sys.argv[1]))
+eng.generate(ids, 8, controller=ctrl)                      # warm-up
+T = {}
+
+
+def timed(name, f):
+    def g(*a, **kw):
+        t0 = time.perf_counter()
+        r = f(*a, **kw)
+        T[name] = T.get(name, 0.0) + time.perf_counter() - t0
+        return r
+    return g
+
+
+for name in ("to_numpy", "sort_desc", "ltd_depth_obs", "ltd_size_obs", "level_scores_from_pool", "sort_levels",
+             "ltd_depth_obs_one", "ltd_size_obs_parts", "radar_obs", "radar_obs_one"):
+    if hasattr(obs, name):
+        setattr(obs, name, timed(name, getattr(obs, name)))
+for cls, meth in ((P.NumpyMLP, "__call__"), (P.NumpyMLP, "call_parts"), (P.NumpyRadar, "__call__")):
+    if hasattr(cls, meth):
+        setattr(cls, meth, timed(f"{cls.__name__}.{meth}", getattr(cls, meth)))
+P._choose = timed("_choose", P._choose)
+for k in ("plan", "continue_drafting", "verify_size"):
+    setattr(ctrl, k, timed("controller." + k, getattr(ctrl, k)))
+r = eng.generate(ids, 64, controller=ctrl)
+n = len(r.cycles)
+print(f"cycles {n}, t_controller {1e3 * sum(c.t_controller for c in r.cycles) / n:.3f} ms/cycle, "
+      f"cycle {1e3 * sum(c.t_cycle for c in r.cycles) / n:.1f} ms")
+for k, v in sorted(T.items(), key=lambda kv: -kv[1]):
+    print(f"{k:32s} {1e3 * v / n:.3f} ms/cycle")
