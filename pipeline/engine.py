@@ -16,7 +16,6 @@ step, so speedups compare like with like.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -26,15 +25,10 @@ from pipeline.cpu_linear import pack_linears
 from pipeline.draft import DraftKV, expand_tree
 from pipeline.errors import DraftGymError
 from pipeline.head import Eagle3Head
+from pipeline.timing import DeviceClock
 from pipeline.tree import select_tree
 from pipeline.verify import (accept_greedy, accept_sampling, compact_cache, sample_token, target_forward,
                              verify_tree)
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the device before reading a clock."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -87,6 +81,9 @@ class Engine:
         self.head = head
         self.eos = set(eos_token_ids or ())
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        # every clock read waits for the device first (pipeline/timing.py): right on CUDA's async queue
+        self.clock = DeviceClock(self.device)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
     # -- shared pieces ------------------------------------------------------------------------
@@ -119,15 +116,14 @@ class Engine:
         self._check_prompt(prompt_ids, max_new_tokens, 0)
         gen = torch.Generator(device=self.device).manual_seed(seed)
         res = GenerationResult("ar", list(prompt_ids), [])
-        sync(self.device)
-        t0 = time.perf_counter()
+        clock = self.clock
+        t0 = clock()
         cache = self._new_cache()
         ids = torch.tensor([prompt_ids], device=self.device)
         logits, _ = target_forward(self.model, ids, torch.arange(len(prompt_ids), device=self.device)[None], cache,
                                    hidden_states=False)
         out = [sample_token(logits[-1], temperature, gen)]
-        sync(self.device)
-        res.prefill_s = time.perf_counter() - t0
+        res.prefill_s = clock() - t0
         out, stop = self._finish(out, max_new_tokens)
         while stop is None:
             n = len(prompt_ids) + len(out) - 1          # position of the last emitted token
@@ -135,8 +131,7 @@ class Engine:
                                        torch.tensor([[n]], device=self.device), cache, hidden_states=False)
             out.append(sample_token(logits[-1], temperature, gen))
             out, stop = self._finish(out, max_new_tokens)
-        sync(self.device)
-        res.wall_s = time.perf_counter() - t0
+        res.wall_s = clock() - t0
         res.output_ids, res.stop_reason = out, stop
         return res
 
@@ -171,8 +166,8 @@ class Engine:
         dev, head = self.device, self.head
         gen = torch.Generator(device=dev).manual_seed(seed)
         res = GenerationResult("eagle3", list(prompt_ids), [])
-        sync(dev)
-        t0 = time.perf_counter()
+        clock = self.clock                               # each read syncs the device first (pipeline/timing.py)
+        t0 = clock()
 
         # prefill: target over the prompt -> first token (the first root) and features f_0..f_{n-1}
         cache = self._new_cache()
@@ -188,23 +183,24 @@ class Engine:
                              torch.arange(n - 1, device=dev))
             draft_kv.append(kv0)
             pending_feat = pending_feat[:, n - 1 :]
-        sync(dev)
-        res.prefill_s = time.perf_counter() - t0
+        res.prefill_s = clock() - t0
         out, stop = self._finish(out, max_new_tokens)
         last: CycleRecord | None = None
+        # a controller that keeps the base class's continue_drafting never stops early: no hook, no clock reads
+        asks = type(controller).continue_drafting is not Controller.continue_drafting
 
         while stop is None:
-            tc0 = time.perf_counter()
+            # Timed regions (every boundary is a synced clock read, so queued device work is charged to
+            # the region that queued it):  [plan] [draft forwards, with the asks' time taken out]
+            # [verify_size] [select] -> t_draft  |  [verify + accept + commit] -> t_verify  |  [observe]
+            tc0 = clock()
             n = len(seq) - 1                             # tokens in the target cache; seq[n] is the root
-            t_ctrl = 0.0
             ctx = CycleContext(cycle=len(res.cycles), context_len=n, new_tokens=len(out), last=last)
-            c0 = time.perf_counter()
             shape: TreeShape = controller.plan(ctx)
-            sync(dev)
-            t_ctrl += time.perf_counter() - c0
+            d0 = clock()
+            t_ctrl = d0 - tc0
 
             # draft forward 1: the pending entries; the last one reads the root
-            d0 = time.perf_counter()
             m = pending_feat.shape[1]
             s0 = draft_kv.length                         # == n - m
             tok = torch.tensor([seq[s0 + 1 : n + 1]], device=dev)      # x_{t+1} for t = s0..n-1
@@ -213,29 +209,26 @@ class Engine:
             ctrl_time = [0.0]
 
             def ask(step, _c=controller, _t=ctrl_time):
-                a = time.perf_counter()
+                a = clock()                              # the draft forward before this ask ends here
                 r = _c.continue_drafting(step)
-                sync(dev)
-                _t[0] += time.perf_counter() - a
+                _t[0] += clock() - a
                 return r
 
             pool = expand_tree(head, draft_kv.kv, torch.ones(1, n, dtype=torch.bool, device=dev),
                                g[:, -1], dlogits[:, -1], torch.tensor([n - 1], device=dev), shape.width,
-                               shape.depth, context_len=[n], should_continue=ask)
-            c0 = time.perf_counter()
+                               shape.depth, context_len=[n], should_continue=ask if asks else None)
+            c0 = clock()
             V = int(controller.verify_size(pool, shape))
-            sync(dev)
-            ctrl_time[0] += time.perf_counter() - c0
+            c1 = clock()
+            ctrl_time[0] += c1 - c0
             tree = select_tree(pool, 0, seq[n], V)
-            sync(dev)
-            t_draft = time.perf_counter() - d0 - ctrl_time[0]
+            v0 = clock()
+            t_draft = v0 - d0 - ctrl_time[0]
             t_ctrl += ctrl_time[0]
 
             # verify: one target forward over the tree, then acceptance and KV compaction
-            v0 = time.perf_counter()
             path, bonus, keep_t, pending_feat = self.verify_commit(tree, n, cache, temperature, gen)
-            sync(dev)
-            t_verify = time.perf_counter() - v0
+            t_verify = clock() - v0
 
             new = tree.tokens[keep_t[1:]].tolist() + [bonus]
             before = len(out)
@@ -245,13 +238,13 @@ class Engine:
             last = CycleRecord(depth=pool.depth, width=pool.width, verify_size=tree.size, accepted=len(path),
                                emitted=emitted, context_len=n, t_draft=t_draft, t_verify=t_verify,
                                t_controller=t_ctrl, t_cycle=0.0)
-            c0 = time.perf_counter()
+            c0 = clock()
             controller.observe(last)
-            last.t_controller += time.perf_counter() - c0
-            last.t_cycle = time.perf_counter() - tc0
+            c1 = clock()
+            last.t_controller += c1 - c0
+            last.t_cycle = c1 - tc0
             res.cycles.append(last)
 
-        sync(dev)
-        res.wall_s = time.perf_counter() - t0
+        res.wall_s = clock() - t0
         res.output_ids, res.stop_reason = out, stop
         return res

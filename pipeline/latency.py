@@ -7,29 +7,27 @@ table from these same functions, so a benchmark and a profile measure the same t
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Callable
 
 import torch
 
 from pipeline.draft import additive
-from pipeline.engine import sync
 from pipeline.head import Eagle3Head
+from pipeline.timing import DeviceClock
 from pipeline.tree import tree_mask
 from pipeline.verify import VerifyTree, crop_cache, target_forward, verify_tree
 
 
 def time_op(fn: Callable[[], object], device: torch.device, warmup: int = 2, repeats: int = 10) -> dict:
     """Run fn warmup + repeats times; return {'n', 'median', 'p10', 'p90', 'mean'} in seconds."""
+    clock = DeviceClock(device)                  # synced reads (pipeline/timing.py)
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     times.sort()
     q = lambda f: times[min(len(times) - 1, int(round(f * (len(times) - 1))))]
     return {"n": len(times), "median": statistics.median(times), "p10": q(0.1), "p90": q(0.9),

@@ -1,0 +1,120 @@
+"""Timing on asynchronous devices: every clock read syncs first, so queued work lands in its own region.
+
+A fake asynchronous device: a kernel launch only queues its cost; the clock advances by the queued
+cost when (and only when) the device is synced. On such a device the engine's old timers (read the
+clock, call the controller, then sync) booked the head's queued draft forwards as controller time.
+"""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.controller import Controller, StaticController
+from pipeline.engine import Engine
+from pipeline.head import random_head
+from pipeline.timing import DeviceClock
+
+DRAFT_S, TARGET_S, POLICY_S = 0.005, 0.020, 0.001
+
+
+class FakeAsyncDevice:
+    """now: the device clock; queued: launched, not yet run. Only sync() runs the queue."""
+
+    def __init__(self):
+        self.now, self.queued, self.syncs = 0.0, 0.0, 0
+
+    def launch(self, seconds: float) -> None:
+        self.queued += seconds
+
+    def sync(self) -> None:
+        self.now += self.queued
+        self.queued = 0.0
+        self.syncs += 1
+
+    def read(self) -> float:
+        return self.now
+
+
+def async_engine(model, head, dev: FakeAsyncDevice) -> Engine:
+    eng = Engine(model, head)
+    head_fwd, model_fwd = head.forward, model.forward
+
+    def head_forward(*a, **kw):          # one draft forward: queued, returns at once
+        dev.launch(DRAFT_S)
+        return head_fwd(*a, **kw)
+
+    def model_forward(*a, **kw):         # one target forward (prefill or verify)
+        dev.launch(TARGET_S)
+        return model_fwd(*a, **kw)
+
+    head.forward, model.forward = head_forward, model_forward
+    eng.clock = DeviceClock("cpu", sync_fn=dev.sync, read_fn=dev.read)
+    return eng
+
+
+class GpuPolicy(Controller):
+    """A depth policy whose every call launches device work of its own (a policy net on the GPU)."""
+
+    def __init__(self, dev: FakeAsyncDevice, stop_at: int):
+        super().__init__(StaticController(8, 4, 20).shape)
+        self.dev, self.stop_at, self.calls = dev, stop_at, 0
+
+    def continue_drafting(self, step) -> bool:
+        self.dev.launch(POLICY_S)
+        self.calls += 1
+        return step.depth < self.stop_at
+
+
+@pytest.fixture()
+def fresh_tiny():
+    from tests.conftest import make_tiny_llama
+
+    model = make_tiny_llama(seed=1)
+    return model, random_head(model, seed=2)
+
+
+def test_static_draft_time_lands_in_t_draft(fresh_tiny):
+    model, head = fresh_tiny
+    dev = FakeAsyncDevice()
+    eng = async_engine(model, head, dev)
+    res = eng.generate([1, 2, 3, 4, 5], max_new_tokens=12, controller=StaticController(4, 3, 10))
+    assert res.cycles
+    for c in res.cycles:
+        # D draft forwards (forward 1 over the pending entries + D-1 expansions), nothing else
+        assert c.t_draft == pytest.approx(DRAFT_S * c.depth, abs=1e-12)
+        assert c.t_verify == pytest.approx(TARGET_S, abs=1e-12)
+        assert c.t_controller == pytest.approx(0.0, abs=1e-12)     # the static controller queues nothing
+        assert c.t_cycle == pytest.approx(c.t_draft + c.t_verify, abs=1e-12)
+    assert res.prefill_s == pytest.approx(TARGET_S + DRAFT_S, abs=1e-12)   # target prefill + head prefill
+    assert res.wall_s == pytest.approx(res.prefill_s + sum(c.t_cycle for c in res.cycles), abs=1e-12)
+
+
+def test_policy_time_lands_in_t_controller(fresh_tiny):
+    model, head = fresh_tiny
+    dev = FakeAsyncDevice()
+    eng = async_engine(model, head, dev)
+    pol = GpuPolicy(dev, stop_at=3)
+    res = eng.generate([3, 1, 4, 1, 5], max_new_tokens=12, controller=pol)
+    assert pol.calls == 3 * len(res.cycles)            # asked after forwards 1, 2 and 3; stops at 3
+    for c in res.cycles:
+        assert c.depth == 3
+        assert c.t_draft == pytest.approx(DRAFT_S * 3, abs=1e-12)
+        assert c.t_controller == pytest.approx(POLICY_S * 3, abs=1e-12)
+
+
+def test_ar_wall_time_is_every_forward(fresh_tiny):
+    model, head = fresh_tiny
+    dev = FakeAsyncDevice()
+    eng = async_engine(model, head, dev)
+    res = eng.generate_ar([1, 2, 3], max_new_tokens=6)
+    assert res.prefill_s == pytest.approx(TARGET_S, abs=1e-12)
+    assert res.wall_s == pytest.approx(6 * TARGET_S, abs=1e-12)   # prefill + 5 one-token steps
+
+
+def test_time_op_syncs_around_each_call(monkeypatch):
+    """The profile's micro-benchmark timer uses the same synced clock."""
+    import pipeline.latency as L
+
+    dev = FakeAsyncDevice()
+    monkeypatch.setattr(L, "DeviceClock", lambda device: DeviceClock(device, sync_fn=dev.sync, read_fn=dev.read))
+    st = L.time_op(lambda: dev.launch(0.003), "cpu", warmup=1, repeats=4)
+    assert st["median"] == pytest.approx(0.003) and st["n"] == 4
