@@ -1,226 +1,56 @@
-"""The EAGLE-3 draft head: architecture, official checkpoint format, loading and checks.
+"""EAGLE-3 draft heads on disk: loading, saving and fit checks (the architecture is in pipeline/head_model.py).
 
-Architecture (SafeAILab/EAGLE `cnets.py`, paraphrased):
+Formats read (`load_head`): a directory (or a hub id, fetched once) with `config.json` and
+`model.safetensors` or `pytorch_model.bin`, as written by SafeAILab/EAGLE (architectures
+`LlamaForCausalLM`), SpecForge and SGLang (`LlamaForCausalLMEagle3`) or vLLM (`Eagle3LlamaForCausalLM`).
+- config: the Llama fields of `Eagle3Config`, `draft_vocab_size`, optional `target_hidden_size`,
+  `rope_theta`, `rope_scaling` (or transformers 5's `rope_parameters`; linear, dynamic, llama3, yarn) and
+  SpecForge's `fc_norm` / `norm_output`.
+- weights: `fc.weight`, `midlayer.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, hidden_norm,
+  input_layernorm, post_attention_layernorm}.weight`, `norm.weight`, `lm_head.weight`, optional `d2t`,
+  `t2d`, `embed_tokens.weight` and (with fc_norm) `fc_norm.{0,1,2}.weight`; a `model.` prefix and
+  `layers.0.` for `midlayer.` are accepted. Any other key is an error, except the harmless ones in
+  IGNORED_KEYS. Without `embed_tokens` the head uses the target's embedding tensor itself (no copy).
+- dtype: the head computes in the target's dtype, except that an fp16 checkpoint beside a bf16/fp16
+  target stays fp16 (no mantissa bits lost); `dtype=` overrides.
 
-    f_t = fc(concat(h2_t, h{L//2}_t, h{L-3}_t))        # fuse 3 target layers, 3*H_t -> H
-    x   = concat(input_layernorm(embed(tok_{t+1})),      # [.., 2H]: embedding first,
-                 hidden_norm(g_t))                       #           then the hidden state
-    g'  = g_t + o_proj(attn(q/k/v_proj(x)))              # residual is the incoming hidden g_t
-    g'' = g' + mlp(post_attention_layernorm(g'))         # SwiGLU
-    logits = lm_head(norm(g''))                          # over the draft vocabulary
-
-`g_t` is `f_t` for positions whose target features are known (the accepted prefix), and the head's
-own previous output `g''` (before `norm`) when it drafts deeper tree levels. Hidden state t pairs
-with token t+1. Draft token i maps to target id `i + d2t[i]`.
-
-Checkpoint: `config.json` + `model.safetensors` or `pytorch_model.bin` with keys `fc.weight`,
-`midlayer.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, hidden_norm, input_layernorm,
-post_attention_layernorm}.weight`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`. `embed_tokens` is
-usually absent and then comes from the target. Loading is non-strict.
+Format written (`save_head`): `config.json` with architectures `LlamaForCausalLMEagle3` (SpecForge refuses
+`LlamaForCausalLM`) and every config field above, and `model.safetensors` with the official key names,
+always with `d2t` and `t2d` (SGLang reads them; identity mapping = zeros / all True), and with
+`embed_tokens` only when the head has its own.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from pipeline.errors import DraftGymError, HeadMismatchError
+from pipeline.head_model import (  # noqa: F401  (re-exported: callers import these from pipeline.head)
+    ACCEPTED_ARCHITECTURES, ROPE_TYPES, WRITTEN_ARCHITECTURE, Eagle3Attention, Eagle3Config, Eagle3Head, Eagle3Layer,
+    RMSNorm, Rope, apply_rope, causal_mask, rope_cos_sin, target_layer_ids)
 
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent.parent / "data" / "heads" / "smollm2-135m"
 
+REQUIRED_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "midlayer.self_attn.q_proj.weight",
+                 "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
+                 "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight",
+                 "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight",
+                 "midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight",
+                 "midlayer.post_attention_layernorm.weight")
+FC_NORM_KEYS = ("fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight")
 
-def target_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    """Indices into HF `output_hidden_states` (0 = embeddings, i = input of decoder layer i)."""
-    if num_layers < 3:
-        raise HeadMismatchError(f"EAGLE-3 needs a target with >= 3 layers, got {num_layers}")
-    return (2, num_layers // 2, num_layers - 3)
-
-
-@dataclass
-class Eagle3Config:
-    """The fields of an official EAGLE-3 head `config.json` (Llama-style, one decoder layer)."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int                       # the target's vocabulary
-    draft_vocab_size: int                 # lm_head rows; == vocab_size means no d2t mapping
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 8192
-    rope_theta: float = 10000.0           # official configs omit it: EAGLE then uses 10000
-    head_dim: int | None = None
-    target_hidden_size: int | None = None  # set when the head is narrower/wider than the target
-    torch_dtype: str = "float32"
-    num_hidden_layers: int = 1
-    architectures: list = field(default_factory=lambda: ["LlamaForCausalLM"])
-
-    @property
-    def dim_head(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-    @property
-    def fused_size(self) -> int:
-        return 3 * (self.target_hidden_size or self.hidden_size)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Eagle3Config":
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d and d[k] is not None}
-        if "rope_theta" not in known and isinstance(d.get("rope_parameters"), dict):
-            known["rope_theta"] = d["rope_parameters"].get("rope_theta", 10000.0)
-        known.setdefault("draft_vocab_size", d.get("vocab_size"))
-        missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads",
-                               "num_key_value_heads", "vocab_size") if k not in known]
-        if missing:
-            raise DraftGymError(f"EAGLE-3 head config.json lacks {', '.join(missing)}")
-        return cls(**known)
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        if d["head_dim"] is None:
-            del d["head_dim"]
-        if d["target_hidden_size"] is None:
-            del d["target_hidden_size"]
-        d["model_type"] = "llama"
-        d["hidden_act"] = "silu"
-        return d
+# Keys found in published checkpoints that carry nothing the head needs. They are dropped by name;
+# any other key the head does not know is an error.
+IGNORED_KEYS = (
+    "midlayer.self_attn.rotary_emb.inv_freq",  # transformers < 4.31 saved RoPE's inv_freq buffer; it is
+    "rotary_emb.inv_freq",                     # recomputed from rope_theta / rope_scaling, never loaded
+)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
-def rope_cos_sin(position_ids: torch.Tensor, dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin for RoPE. position_ids: [q] -> cos, sin: [q, dim]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=position_ids.device, dtype=torch.float32) / dim))
-    freqs = position_ids.float()[:, None] * inv_freq[None, :]  # [q, dim/2]
-    emb = torch.cat([freqs, freqs], dim=-1)                     # [q, dim]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, heads, q, dim]; cos/sin: [q, dim]. Llama's rotate-half convention."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-class Eagle3Attention(nn.Module):
-    def __init__(self, cfg: Eagle3Config):
-        super().__init__()
-        self.n_heads, self.n_kv, self.dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_head
-        H2 = 2 * cfg.hidden_size  # q/k/v read concat(embedding, hidden)
-        self.q_proj = nn.Linear(H2, self.n_heads * self.dim, bias=False)
-        self.k_proj = nn.Linear(H2, self.n_kv * self.dim, bias=False)
-        self.v_proj = nn.Linear(H2, self.n_kv * self.dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.dim, cfg.hidden_size, bias=False)
-
-    def forward(self, x, cos, sin, past_kv, attn_mask):
-        B, q, _ = x.shape
-        qs = self.q_proj(x).view(B, q, self.n_heads, self.dim).transpose(1, 2)  # [B, nh, q, d]
-        ks = self.k_proj(x).view(B, q, self.n_kv, self.dim).transpose(1, 2)     # [B, nkv, q, d]
-        vs = self.v_proj(x).view(B, q, self.n_kv, self.dim).transpose(1, 2)
-        qs, ks = apply_rope(qs, cos, sin), apply_rope(ks, cos, sin)
-        new_kv = (ks, vs)
-        if past_kv is not None:
-            ks = torch.cat([past_kv[0], ks], dim=2)  # [B, nkv, S+q, d]
-            vs = torch.cat([past_kv[1], vs], dim=2)
-        rep = self.n_heads // self.n_kv
-        ks, vs = ks.repeat_interleave(rep, dim=1), vs.repeat_interleave(rep, dim=1)
-        if attn_mask is None:  # plain causal over [past | new]
-            S = ks.shape[2] - q
-            attn_mask = causal_mask(q, S, x.device, qs.dtype)
-        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=attn_mask)  # [B, nh, q, d]
-        return self.o_proj(out.transpose(1, 2).reshape(B, q, -1)), new_kv
-
-
-def causal_mask(q: int, past: int, device, dtype) -> torch.Tensor:
-    """Additive mask [q, past+q]: row i sees all `past` entries and new entries 0..i."""
-    m = torch.full((q, past + q), float("-inf"), device=device, dtype=dtype)
-    m[:, :past] = 0
-    m[:, past:] = torch.triu(m[:, past:], diagonal=1)
-    return m
-
-
-class Eagle3Layer(nn.Module):
-    def __init__(self, cfg: Eagle3Config):
-        super().__init__()
-        H = cfg.hidden_size
-        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
-        self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
-        self.self_attn = Eagle3Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
-        self.mlp = nn.Module()
-        self.mlp.gate_proj = nn.Linear(H, cfg.intermediate_size, bias=False)
-        self.mlp.up_proj = nn.Linear(H, cfg.intermediate_size, bias=False)
-        self.mlp.down_proj = nn.Linear(cfg.intermediate_size, H, bias=False)
-
-    def forward(self, emb, hidden, cos, sin, past_kv, attn_mask):
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)  # [B, q, 2H]
-        attn, new_kv = self.self_attn(x, cos, sin, past_kv, attn_mask)
-        h = hidden + attn
-        m = self.post_attention_layernorm(h)
-        h = h + self.mlp.down_proj(F.silu(self.mlp.gate_proj(m)) * self.mlp.up_proj(m))
-        return h, new_kv
-
-
-class Eagle3Head(nn.Module):
-    """An EAGLE-3 draft head. Keys match the official checkpoints."""
-
-    def __init__(self, cfg: Eagle3Config, layer_ids: tuple[int, int, int]):
-        super().__init__()
-        self.cfg = cfg
-        self.layer_ids = tuple(layer_ids)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)  # frozen, from the target
-        self.fc = nn.Linear(cfg.fused_size, cfg.hidden_size, bias=False)
-        self.midlayer = Eagle3Layer(cfg)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        # d2t[i] = target_id(i) - i; t2d[t] = token t is in the draft vocabulary
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
-        self.head_id = "random"
-
-    # -- features -----------------------------------------------------------------------------
-    def fuse(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Target `output_hidden_states` -> fused features f: [B, n, 3*H_t] -> fc -> [B, n, H]."""
-        return self.fc(torch.cat([hidden_states[i] for i in self.layer_ids], dim=-1))
-
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
-
-    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                past_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-                attn_mask: torch.Tensor | None = None):
-        """One draft forward.
-
-        input_ids: [B, q] target token ids (tok_{t+1}); hidden: [B, q, H] (fused f_t or the head's
-        own previous output); position_ids: [q] or [B, q]; past_kv: ([B, nkv, S, d], [B, nkv, S, d]);
-        attn_mask: additive [q, S+q] (or broadcastable), default causal.
-        Returns (g: [B, q, H] before norm, logits: [B, q, draft_vocab], new_kv for the q entries).
-        """
-        emb = self.embed_tokens(input_ids).to(hidden.dtype)
-        cos, sin = rope_cos_sin(position_ids.reshape(-1), self.cfg.dim_head, self.cfg.rope_theta, hidden.dtype)
-        if position_ids.dim() == 2:  # per-row positions [B, q] -> [B, 1, q, d] (broadcast over heads)
-            cos, sin = (t.view(*position_ids.shape, -1)[:, None] for t in (cos, sin))
-        g, new_kv = self.midlayer(emb, hidden, cos, sin, past_kv, attn_mask)
-        return g, self.lm_head(self.norm(g)), new_kv
-
-
-# -- construction, loading, saving -------------------------------------------------------------
+# -- construction ------------------------------------------------------------------------------
 
 def _target_dims(target_model) -> tuple[int, int, int]:
     cfg = target_model.config
@@ -228,11 +58,12 @@ def _target_dims(target_model) -> tuple[int, int, int]:
 
 
 def random_head(target_model, draft_vocab_size: int | None = None, seed: int = 0,
-                intermediate_size: int | None = None) -> Eagle3Head:
+                intermediate_size: int | None = None, **config) -> Eagle3Head:
     """A randomly initialised head sized for `target_model` (for tests and pipeline smoke runs).
 
     With a smaller `draft_vocab_size` the draft vocabulary is the first ids (a test stand-in for the
-    frequency-chosen vocabulary the trainer builds)."""
+    frequency-chosen vocabulary the trainer builds). `config`: further Eagle3Config fields
+    (rope_theta, rope_scaling, fc_norm, norm_output)."""
     H, vocab, n_layers = _target_dims(target_model)
     tcfg = target_model.config
     cfg = Eagle3Config(hidden_size=H, intermediate_size=intermediate_size or tcfg.intermediate_size,
@@ -240,30 +71,32 @@ def random_head(target_model, draft_vocab_size: int | None = None, seed: int = 0
                        num_key_value_heads=tcfg.num_key_value_heads, vocab_size=vocab,
                        draft_vocab_size=draft_vocab_size or vocab, rms_norm_eps=tcfg.rms_norm_eps,
                        max_position_embeddings=tcfg.max_position_embeddings,
-                       head_dim=getattr(tcfg, "head_dim", None))
+                       head_dim=getattr(tcfg, "head_dim", None), **config)
     gen = torch.Generator().manual_seed(seed)
-    head = Eagle3Head(cfg, target_layer_ids(n_layers))
+    head = Eagle3Head(cfg, target_layer_ids(n_layers), share_embedding=True)
     with torch.no_grad():
         for name, prm in head.named_parameters():
             if name.endswith("norm.weight"):
                 prm.fill_(1.0)
-            elif prm.dim() == 2 and name != "embed_tokens.weight":
+            elif prm.dim() == 2:
                 prm.copy_(torch.randn(prm.shape, generator=gen) * 0.02)
         head.t2d.zero_()
         head.t2d[: cfg.draft_vocab_size] = True
+    p = next(target_model.parameters())
+    head = head.to(device=p.device, dtype=p.dtype)
     attach_target_embeddings(head, target_model)
     head.head_id = f"random(seed={seed})"
-    p = next(target_model.parameters())
-    return head.to(device=p.device, dtype=p.dtype).eval()
+    return head.eval()
 
 
 def attach_target_embeddings(head: Eagle3Head, target_model) -> None:
-    """Share the target's input embeddings (frozen), as the official heads expect."""
+    """Share the target's input embeddings (frozen, the same tensor: no copy), as the official heads expect."""
     emb = target_model.get_input_embeddings().weight
-    if emb.shape != head.embed_tokens.weight.shape:
-        raise HeadMismatchError(
-            f"head embedding {tuple(head.embed_tokens.weight.shape)} does not fit target embedding {tuple(emb.shape)}")
+    want = (head.cfg.vocab_size, head.cfg.hidden_size)
+    if tuple(emb.shape) != want:
+        raise HeadMismatchError(f"head embedding {want} does not fit target embedding {tuple(emb.shape)}")
     head.embed_tokens.weight = nn.Parameter(emb.detach(), requires_grad=False)
+    head.shares_embedding = True
 
 
 def check_head_fits(cfg: Eagle3Config, target_model, has_embed: bool, fc_shape: tuple | None) -> None:
@@ -281,6 +114,27 @@ def check_head_fits(cfg: Eagle3Config, target_model, has_embed: bool, fc_shape: 
             f"head hidden_size {cfg.hidden_size} != target hidden_size {H_t} and the checkpoint has no embed_tokens")
 
 
+# -- reading -----------------------------------------------------------------------------------
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _read_config(d: Path) -> Eagle3Config:
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise DraftGymError(f"head directory {d} has no config.json")
+    try:
+        raw = json.loads(cfg_path.read_text())
+        if not isinstance(raw, dict):
+            raise TypeError("not a JSON object")
+        return Eagle3Config.from_json(raw)
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise DraftGymError(f"corrupt head config {cfg_path}: {_first_line(e)}") from e
+    except DraftGymError as e:  # an unusable field: say which file
+        raise type(e)(f"{e} ({cfg_path})") from e
+
+
 def _read_state_dict(d: Path) -> dict[str, torch.Tensor]:
     st, bn = d / "model.safetensors", d / "pytorch_model.bin"
     try:
@@ -290,7 +144,7 @@ def _read_state_dict(d: Path) -> dict[str, torch.Tensor]:
         if bn.is_file():
             return torch.load(str(bn), map_location="cpu", weights_only=True)
     except Exception as e:  # truncated / corrupt weights
-        raise DraftGymError(f"cannot read head weights in {d}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        raise DraftGymError(f"cannot read head weights in {d}: {_first_line(e)}") from e
     raise DraftGymError(f"head directory {d} has no model.safetensors or pytorch_model.bin")
 
 
@@ -303,14 +157,6 @@ def _normalise_keys(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             k = "midlayer." + k[len("layers.0."):]
         out[k] = v
     return out
-
-
-REQUIRED_KEYS = ("fc.weight", "norm.weight", "lm_head.weight", "midlayer.self_attn.q_proj.weight",
-                 "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
-                 "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight",
-                 "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight",
-                 "midlayer.hidden_norm.weight", "midlayer.input_layernorm.weight",
-                 "midlayer.post_attention_layernorm.weight")
 
 
 def resolve_head_dir(path_or_id: str) -> Path:
@@ -328,21 +174,34 @@ def resolve_head_dir(path_or_id: str) -> Path:
         from huggingface_hub import snapshot_download
         return Path(snapshot_download(path_or_id, allow_patterns=["config.json", "*.safetensors", "*.bin"]))
     except Exception as e:
-        raise DraftGymError(f"cannot fetch EAGLE-3 head {path_or_id!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        raise DraftGymError(f"cannot fetch EAGLE-3 head {path_or_id!r}: {_first_line(e)}") from e
 
 
-def load_head(path_or_id: str, target_model) -> Eagle3Head:
-    """Load an EAGLE-3 head (official format) for `target_model`, checking that it fits."""
+def head_dtype(checkpoint_dtype: torch.dtype, target_dtype: torch.dtype, dtype=None) -> torch.dtype:
+    """The head's compute dtype: `dtype` if given; else the target's, except that fp16 weights beside a
+    reduced-precision target stay fp16 (fp16 -> bf16 would drop 3 mantissa bits for nothing)."""
+    if dtype is not None:
+        if isinstance(dtype, str):
+            dt = getattr(torch, dtype.removeprefix("torch."), None)
+            if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+                raise DraftGymError(f"unknown head dtype {dtype!r} (use float32, bfloat16 or float16)")
+            return dt
+        return dtype
+    if checkpoint_dtype == torch.float16 and target_dtype in (torch.bfloat16, torch.float16):
+        return torch.float16
+    return target_dtype
+
+
+def load_head(path_or_id: str, target_model, dtype: torch.dtype | str | None = None) -> Eagle3Head:
+    """Load an EAGLE-3 head (any format in the module docstring) for `target_model`, checking that it fits.
+
+    The head is built on the meta device and takes the checkpoint's tensors as its parameters, so
+    nothing is randomly initialised and no [vocab, H] embedding is made unless the checkpoint has one."""
     d = resolve_head_dir(path_or_id)
-    cfg_path = d / "config.json"
-    if not cfg_path.is_file():
-        raise DraftGymError(f"head directory {d} has no config.json")
-    try:
-        cfg = Eagle3Config.from_json(json.loads(cfg_path.read_text()))
-    except (json.JSONDecodeError, TypeError) as e:
-        raise DraftGymError(f"corrupt head config {cfg_path}: {e}") from e
-    sd = _normalise_keys(_read_state_dict(d))
-    missing = [k for k in REQUIRED_KEYS if k not in sd]
+    cfg = _read_config(d)
+    sd = {k: v for k, v in _normalise_keys(_read_state_dict(d)).items() if k not in IGNORED_KEYS}
+    required = REQUIRED_KEYS + (FC_NORM_KEYS if cfg.fc_norm else ())
+    missing = [k for k in required if k not in sd]
     if missing:
         raise HeadMismatchError(f"head checkpoint {d} lacks {len(missing)} keys, e.g. {missing[0]}")
     has_embed = "embed_tokens.weight" in sd
@@ -352,38 +211,50 @@ def load_head(path_or_id: str, target_model) -> Eagle3Head:
     if sd["lm_head.weight"].shape[0] != cfg.draft_vocab_size:
         raise HeadMismatchError(
             f"head lm_head has {sd['lm_head.weight'].shape[0]} rows but draft_vocab_size is {cfg.draft_vocab_size}")
-    head = Eagle3Head(cfg, target_layer_ids(_target_dims(target_model)[2]))
+    with torch.device("meta"):
+        head = Eagle3Head(cfg, target_layer_ids(_target_dims(target_model)[2]), share_embedding=not has_embed)
+    known = head.state_dict().keys()
+    unknown = sorted(k for k in sd if k not in known)
+    if unknown:
+        raise HeadMismatchError(f"head checkpoint {d} has an unknown weight {unknown[0]!r} "
+                                f"(not an EAGLE-3 head key for this config.json)")
     sd.setdefault("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
     sd.setdefault("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
     sd["d2t"], sd["t2d"] = sd["d2t"].long(), sd["t2d"].bool()
-    if cfg.draft_vocab_size != cfg.vocab_size and int((torch.arange(cfg.draft_vocab_size) + sd["d2t"]).max()) >= cfg.vocab_size:
-        raise HeadMismatchError(f"head d2t maps draft ids past the target vocabulary ({cfg.vocab_size})")
+    if sd["d2t"].shape == (cfg.draft_vocab_size,):
+        tids = torch.arange(cfg.draft_vocab_size) + sd["d2t"]
+        if int(tids.min()) < 0 or int(tids.max()) >= cfg.vocab_size:
+            raise HeadMismatchError(f"head d2t maps draft ids outside the target vocabulary ({cfg.vocab_size})")
+    ckpt_dtype = sd["fc.weight"].dtype
     try:
-        result = head.load_state_dict(sd, strict=False)
+        head.load_state_dict(sd, strict=False, assign=True)  # the checkpoint's tensors become the parameters
     except RuntimeError as e:  # a shape mismatch inside the layer
-        raise HeadMismatchError(f"head {d} does not match its config.json: {str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}") from e
-    del result  # non-strict: extra keys (optimizer state, etc.) are ignored
-    if not has_embed:
-        attach_target_embeddings(head, target_model)
-    head.head_id = str(path_or_id)
+        lines = str(e).splitlines()
+        why = lines[1].strip() if len(lines) > 1 else _first_line(e)
+        raise HeadMismatchError(f"head {d} does not match its config.json: {why}") from e
+    left = [n for n, t in [*head.named_parameters(), *head.named_buffers()] if t.is_meta]
+    if left:  # cannot happen with the checks above; never hand out a half-built head
+        raise HeadMismatchError(f"head checkpoint {d} lacks {left[0]!r}")
     p = next(target_model.parameters())
-    return head.to(device=p.device, dtype=p.dtype).eval()
+    head = head.to(device=p.device, dtype=head_dtype(ckpt_dtype, p.dtype, dtype))
+    if not has_embed:
+        attach_target_embeddings(head, target_model)  # after .to(): the target's tensor, whatever the head dtype
+    head.head_id = str(path_or_id)
+    return head.eval()
 
+
+# -- writing -----------------------------------------------------------------------------------
 
 def save_head(head: Eagle3Head, out_dir: str | Path, extra_config: dict | None = None) -> Path:
-    """Write `config.json` + `model.safetensors` with the official key names (no embed_tokens
-    unless the head's hidden size differs from the target's)."""
+    """Write `config.json` + `model.safetensors` in the format of the module docstring."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
-    if head.cfg.target_hidden_size in (None, head.cfg.hidden_size):
-        sd.pop("embed_tokens.weight", None)
-    if head.cfg.draft_vocab_size == head.cfg.vocab_size:
-        sd.pop("d2t", None)
-        sd.pop("t2d", None)
-    cfg = head.cfg.to_json() | (extra_config or {})
+    if getattr(head, "shares_embedding", head.cfg.target_hidden_size in (None, head.cfg.hidden_size)):
+        sd.pop("embed_tokens.weight", None)   # the target's; loading attaches it again
+    cfg = head.cfg.to_json() | {"torch_dtype": str(head.fc.weight.dtype).removeprefix("torch.")} | (extra_config or {})
     tmp = out / "model.safetensors.tmp"
     save_file(sd, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / "model.safetensors")
@@ -394,4 +265,3 @@ def save_head(head: Eagle3Head, out_dir: str | Path, extra_config: dict | None =
 def num_params(module: nn.Module, trainable_only: bool = True) -> int:
     return sum(p.numel() for n, p in module.named_parameters() if (p.requires_grad or not trainable_only)
                and not n.startswith("embed_tokens"))
-
