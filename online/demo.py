@@ -41,7 +41,11 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--profile-interleave", type=int, default=1, help="validate: profile rounds between the generations")
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="compute dtype of every step (default: bf16 on a GPU, pipeline.target.default_cpu_dtype on a CPU)")
     args = ap.parse_args(argv)
+    from pipeline.target import resolve_dtype_name
+    dt = ["--dtype", resolve_dtype_name(args.dtype)]     # resolved once: every step uses the same dtype
     head = args.head or ("default" if (DEFAULT_HEAD_DIR / "config.json").is_file() else "random")
     out = Path(args.out)
     logs, policy, report = out / "logs", out / "policies" / "ltd", out / "report"
@@ -50,22 +54,22 @@ def main(argv=None) -> int:
     for ds in args.datasets.split(","):
         for split, n in (("train", args.train_prompts), ("test", args.test_prompts)):
             steps.append(["collect", "--model", args.model, "--head", head, "--dataset", ds, "--split", split, "--n-prompts", str(n),
-                          "--max-new-tokens", str(args.max_new_tokens), "--out", str(logs)]
+                          "--max-new-tokens", str(args.max_new_tokens), "--out", str(logs)] + dt
                          + (["--no-ray"] if args.no_ray else []))
     steps += [
         ["profile", "--model", args.model, "--head", head, "--verify-sizes", args.verify_sizes, "--contexts", args.contexts,
-         "--repeats", "3", "--cycle-tokens", "16", "--out", str(logs)],
+         "--repeats", "3", "--cycle-tokens", "16", "--out", str(logs)] + dt,
         ["train", "--method", "ltd", "--logs", str(logs), "--out", str(policy), "--steps", str(args.ltd_steps),
          "--iters", "0,1", "--action-space", "wide"],   # wide: small trees too (a superset of LTD's 20..240)
-        ["profile-policy", "--model", args.model, "--head", head, "--policy", str(policy), "--logs", str(logs)],
+        ["profile-policy", "--model", args.model, "--head", head, "--policy", str(policy), "--logs", str(logs)] + dt,
         ["evaluate", "--logs", str(logs), "--split", "test", "--policy", str(policy), "--policy", "goodput"],
         ["validate", "--model", args.model, "--head", head, "--policy", str(policy), "--dataset", args.datasets, "--n-prompts",
          str(args.test_prompts), "--runs", str(args.runs), "--max-new-tokens", str(args.max_new_tokens),
          "--logs", str(logs), "--out", str(report), "--profile-first", "--profile-verify-sizes", args.verify_sizes,
          "--profile-contexts", args.contexts, "--profile-repeats", "3",
-         "--profile-interleave", str(args.profile_interleave)],
+         "--profile-interleave", str(args.profile_interleave)] + dt,
     ]
-    print(f"DraftGym demo: {args.model}, head {head}, output under {out}/", flush=True)
+    print(f"DraftGym demo: {args.model} in {dt[1]}, head {head}, output under {out}/", flush=True)
     for i, cmd in enumerate(steps, 1):
         print(f"\n[{i}/{len(steps)}] draftgym {shlex.join(cmd)}", flush=True)
         rc = draftgym(cmd)

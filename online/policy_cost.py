@@ -22,6 +22,7 @@ import time
 
 import pyarrow as pa
 
+from pipeline.cliargs import add_device_dtype
 from pipeline.errors import DataError, DraftGymError
 from pipeline.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
 
@@ -62,7 +63,8 @@ def measure_policy_cost(engine, tokenizer, controller, n_tokens: int = 48, promp
 
 
 def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135m", head_spec: str = "default",
-                       n_tokens: int = 48, device: str | None = None, progress: bool = True) -> dict:
+                       n_tokens: int = 48, device: str | None = None, progress: bool = True,
+                       dtype: str | None = None) -> dict:
     """Load the checkpoints, the target and the head, then `profile_policies`."""
     from pipeline.engine import Engine
     from pipeline.generate import load_head_for
@@ -72,7 +74,7 @@ def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135
     if not table_files(logs, "latency"):       # fail before loading any model
         raise DataError(f"no latency profile under {logs}/latency (run `draftgym profile` first)")
     loaded = [(spec, load_checkpoint(spec)) for spec in policies]     # bad checkpoints fail before the model loads
-    target = load_target(model, device=device)
+    target = load_target(model, device=device, dtype=dtype)
     head = load_head_for(head_spec, target.model)
     engine = Engine(target.model, head, target.eos_token_ids)
     return profile_policies(engine, target.tokenizer, loaded, logs, model, n_tokens, progress)
@@ -89,8 +91,8 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
     from simulator.policy import PolicyController
 
     dev = engine.device
-    base = newest_profile(logs, model, device_name(dev))
-    env = json.dumps(environment_fingerprint(dev))
+    base = newest_profile(logs, model, device_name(dev, engine.dtype))     # the name carries the dtype
+    env = json.dumps(environment_fingerprint(dev, engine.dtype))
     rows, out = [], {}
     for spec, policy in tqdm(loaded, desc="profile-policy", unit="policy", disable=not progress):
         key = policy.latency_key
@@ -133,14 +135,14 @@ def add_profile_policy(sub) -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--head", default="default")
     p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--device", default=None)
+    add_device_dtype(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cli)
 
 
 def _cli(args) -> int:
     r = run_profile_policy(args.policy, args.logs, model=args.model, head_spec=args.head, n_tokens=args.max_new_tokens,
-                           device=args.device)
+                           device=args.device, dtype=args.dtype)
     if args.json:
         print(json.dumps(r))
     else:

@@ -4,7 +4,9 @@ For every run r = 1..runs, every prompt, every method: one generation, timed wit
 before each clock read (inside the engine). Per question: tokens/s = new tokens / wall time. Per
 run: the mean over questions. Reported: mean and std over runs. speedup(method) = mean tokens/s of
 the method / mean tokens/s of AR, with the same model, the same cache code and the same prompts.
-At T = 0 every output is compared with AR's (lossless check). Warm-up generations come first.
+At T = 0 every output is compared with AR's and classified exact / near-tie / mismatch
+(pipeline/lossless.py: strict in fp32; in bf16 a divergence at a rounding near-tie is allowed).
+Warm-up generations come first.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from tqdm import tqdm
 
 from pipeline.controller import Controller
 from pipeline.engine import Engine, GenerationResult
+from pipeline.lossless import classify
 
 
 @dataclass
@@ -50,7 +53,9 @@ class MethodRuns:
 def run_methods(engine: Engine, prompts: list[list[int]], methods: dict[str, Controller | None],
                 max_new_tokens: int, temperature: float = 0.0, runs: int = 3, seed: int = 0,
                 warmup: int = 1, progress: bool = True, between=None) -> tuple[dict[str, MethodRuns], list[tuple]]:
-    """methods: name -> controller (None = AR). Returns (runs per method, lossless failures).
+    """methods: name -> controller (None = AR). Returns (runs per method, lossless verdicts): at T = 0,
+    one (name, run, prompt_index, LosslessVerdict) per non-AR generation (AR must come first in
+    `methods`); the classification's extra forwards run between generations, in no clock.
     Methods are interleaved per prompt so slow drifts of the machine hit all of them alike.
     between(run, prompt_index): called after every method has decoded that prompt (validate's
     interleaved profile rounds); its time is in no generation's clock."""
@@ -60,7 +65,7 @@ def run_methods(engine: Engine, prompts: list[list[int]], methods: dict[str, Con
             (engine.generate_ar(warm, 16, temperature, seed) if ctrl is None
              else engine.generate(warm, 16, temperature, seed, controller=ctrl))
     out = {name: MethodRuns(name) for name in methods}
-    failures = []
+    verdicts = []
     total = runs * len(prompts) * len(methods)
     bar = tqdm(total=total, desc="validate", unit="gen", disable=not progress)
     for r in range(runs):
@@ -75,13 +80,13 @@ def run_methods(engine: Engine, prompts: list[list[int]], methods: dict[str, Con
                 out[name].results[r].append(res)
                 if ctrl is None:
                     ar_ids = res.output_ids
-                elif temperature <= 0 and ar_ids is not None and res.output_ids != ar_ids:
-                    failures.append((name, r, i))
+                elif temperature <= 0 and ar_ids is not None:
+                    verdicts.append((name, r, i, classify(engine.model, ids, ar_ids, res.output_ids)))
                 bar.update(1)
             if between is not None:
                 between(r, i)
     bar.close()
-    return out, failures
+    return out, verdicts
 
 
 def summarize(runs: dict[str, MethodRuns], idx: list[int] | None = None, baselines=("ar",)) -> dict:

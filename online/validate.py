@@ -33,7 +33,10 @@ import pyarrow as pa
 
 from online.controllers import make_controller, policy_label
 from online.speedbench import run_methods, summarize
+from online.validate_report import write_markdown
+from pipeline.cliargs import add_device_dtype
 from pipeline.controller import StaticController
+from pipeline.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
 from pipeline.schema import CYCLES, SCHEMA_VERSION, partition_dir, write_atomic, write_json_atomic
 
@@ -55,6 +58,7 @@ class ValidateConfig:
     logs: str | None = "data/logs"       # for grid-best and sim-vs-real (None: skip both)
     out: str = "data/reports/validate"
     device: str | None = None
+    dtype: str | None = None             # compute dtype (default: bf16 on a GPU, pipeline.target.default_cpu_dtype on a CPU)
     profile_first: bool = False          # profile this device in situ right before decoding (see profile_first)
     profile_verify_sizes: tuple = (1, 2, 4, 8, 16, 32, 60, 100, 240)
     profile_contexts: tuple = (32, 128, 512)
@@ -90,35 +94,37 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     from pipeline.engine import Engine
     from pipeline.fingerprint import device_name, environment_fingerprint
     from pipeline.generate import load_head_for
-    from pipeline.target import encode_prompt, load_target
+    from pipeline.target import encode_prompt, load_target, resolve_dtype_name
 
     out = Path(cfg.out)
     t_start = time.perf_counter()
+    dtype = resolve_dtype_name(cfg.dtype, cfg.device)     # decoding, logs and profile must all be of this dtype
     # acceptance logs first: a bad --logs fails before the model loads
     logs = sim_note = None
     if cfg.logs:
         from simulator.logs import load_logs
 
         try:
-            logs = load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, widths="all")
+            logs = load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, widths="all", dtype=dtype)
         except DataError as e:
             if cfg.temperature <= 0 or "temperature" not in str(e):
                 raise
             # T > 0 without logs at this T: grid-best still comes from the greedy logs (acceptance at
             # T > 0 is what the sampled rule gives, so this choice is an approximation), and there is
             # no sim-vs-real (the replay needs logs at the decoding temperature).
-            logs = load_logs(cfg.logs, model=cfg.model, temperature=0.0, widths="all")
+            logs = load_logs(cfg.logs, model=cfg.model, temperature=0.0, widths="all", dtype=dtype)
             sim_note = (f"no logs at temperature {cfg.temperature:g} in {cfg.logs}: grid-best tuned on the T = 0 logs; "
                         f"no sim-vs-real (collect with --temperature {cfg.temperature:g} for it)")
     elif cfg.profile_first or cfg.profile_interleave:
         raise DraftGymError("--profile-first needs --logs (the acceptance logs the simulator replays)")
 
-    target = load_target(cfg.model, device=cfg.device)
+    target = load_target(cfg.model, device=cfg.device, dtype=dtype)
     head = load_head_for(cfg.head, target.model, cfg.seed)
     engine = Engine(target.model, head, target.eos_token_ids)
-    dev = device_name(target.device)
+    dev = device_name(target.device, dtype)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    report = {"run_id": run_id, "config": asdict(cfg), "device": dev, "environment": environment_fingerprint(target.device),
+    report = {"run_id": run_id, "config": asdict(cfg), "device": dev, "dtype": dtype,
+              "environment": environment_fingerprint(target.device, dtype),
               "head_id": head.head_id, "datasets": {}, "command": " ".join(sys.argv)}
     labels = [policy_label(p) for p in cfg.policies]
     if len(set(labels)) != len(labels):
@@ -135,7 +141,7 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
         if cfg.profile_first or cfg.profile_interleave:
             report["profile_first"], sampler = profile_first(cfg, engine, target.tokenizer, out, progress)
             lat_root = str(out)
-        lat = LatencyModel.from_logs(lat_root, model=logs.model, device=dev)
+        lat = LatencyModel.from_logs(lat_root, model=logs.model, device=dev, dtype=dtype)
         report["latency_profile"] = {"root": lat_root, "profile_id": lat.meta.get("profile_id")}
         tune = logs.select(pick_tune_split(logs, cfg.split, "auto"))
         gs = B.grid_search(tune, lat)["by_dataset"]
@@ -172,7 +178,7 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
             methods["grid-best"] = StaticController(*sim["grid"].get(ds, sim["grid"]["all"]))
         for spec, label in zip(cfg.policies, labels):
             methods[label] = make_controller(spec, logs=sim and sim["logs"], latency=sim and sim["lat"])
-        runs, failures = run_methods(engine, prompts, methods, cfg.max_new_tokens, cfg.temperature, cfg.runs,
+        runs, verdicts = run_methods(engine, prompts, methods, cfg.max_new_tokens, cfg.temperature, cfg.runs,
                                      cfg.seed, progress=progress, between=between)
         rows = [row for name, m in runs.items() if name != "ar" for r, run in enumerate(m.results)
                 for rec, res in zip(recs, run) for row in cycle_rows(run_id, name, rec.prompt_id, r, res, dev)]
@@ -181,12 +187,17 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
             write_atomic(pa.Table.from_pylist(rows, schema=CYCLES), path, "cycles")
         summ = summarize(runs, baselines=("ar", "static") + (("grid-best",) if sim else ()))
         for name, m in runs.items():
-            summ[name]["lossless_failures"] = sum(1 for f in failures if f[0] == name)
+            if name != "ar" and cfg.temperature <= 0:
+                summ[name]["lossless"] = summarize_verdicts([v for n, _, _, v in verdicts if n == name])["counts"]
             dec = [decode_tokens_per_s(res) for run in m.results for res in run]
             dec = [d for d in dec if d is not None]
             summ[name]["decode_tokens_per_s"] = statistics.mean(dec) if dec else None
+        lossless = summarize_verdicts([v for *_, v in verdicts])
         entry = {"prompts": [r.prompt_id for r in recs], "methods": summ,
-                 "lossless": cfg.temperature > 0 or not failures, "lossless_checked": cfg.temperature <= 0}
+                 "lossless": cfg.temperature > 0 or lossless["ok"], "lossless_checked": cfg.temperature <= 0,
+                 "lossless_counts": lossless["counts"] if cfg.temperature <= 0 else None,
+                 "divergences": [{"method": n, "run": r, "prompt_id": recs[i].prompt_id, **v.to_dict()}
+                                 for n, r, i, v in verdicts if v.status != "exact"]}
         if sim:
             entry["grid_best"] = list(sim["grid"].get(ds, sim["grid"]["all"]))
             pending.append((entry, recs, runs))
@@ -199,7 +210,8 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
         info = sampler.write(str(out))
         from online.policy_cost import copy_policy_rows
         copy_policy_rows(str(out), cfg.model, report["profile_first"]["profile_id"], info["profile_id"])
-        sim["clock"] = LatencyModel.from_logs(str(out), model=logs.model, device=dev, profile=info["profile_id"])
+        sim["clock"] = LatencyModel.from_logs(str(out), model=logs.model, device=dev, profile=info["profile_id"],
+                                              dtype=dtype)
         # drift: each dataset's clock is the pooled profile rescaled by the speed the profile's own
         # samples saw while that dataset decoded (LatencyModel.scaled); the pooled clock's error stays
         # in the report as a second column
@@ -319,106 +331,6 @@ def per_cycle_components(res, m, order) -> dict:
     return {"sim": {k: 1e3 * v for k, v in simc.items()}, "real": {k: 1e3 * float(v) for k, v in real.items()}}
 
 
-def write_markdown(rep: dict, out: Path) -> None:
-    """report.md plus speedup.png and sim_vs_real.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cfg = rep["config"]
-    lines = [f"# DraftGym validation `{rep['run_id']}`", "",
-             f"- device: **{rep['device']}**; model `{cfg['model']}`, head `{rep['head_id']}`; T = {cfg['temperature']}; "
-             f"{cfg['runs']} runs x {cfg['n_prompts']} prompts per dataset ({cfg['split']} split), "
-             f"{cfg['max_new_tokens']} new tokens",
-             f"- torch {rep['environment']['torch']}, transformers {rep['environment']['transformers']}; wall {rep['wall_s']:.0f} s",
-             ""]
-    if rep.get("latency_profile"):
-        lp = rep["latency_profile"]
-        pf = rep.get("profile_first")
-        lines.insert(-1, f"- latency profile `{lp['profile_id']}` from `{lp['root']}`"
-                     + (f" (pooled over {rep['profile_interleave']['rounds']} rounds: one right before decoding, "
-                        f"{pf['wall_s']:.0f} s, the rest spread between the generations, --profile-interleave)"
-                        if rep.get("profile_interleave") else
-                        f" (taken right before decoding, --profile-first: {pf['wall_s']:.0f} s)" if pf else ""))
-    header_len = len(lines)
-    fig, axes = plt.subplots(1, len(rep["datasets"]), figsize=(5 * len(rep["datasets"]), 3.6), squeeze=False)
-    for ax, (ds, e) in zip(axes[0], rep["datasets"].items()):
-        lines += [f"## {ds}", "", f"lossless: **{'yes' if e['lossless'] else 'NO'}**"
-                  + ("" if e["lossless_checked"] else " (T > 0: not checked token by token)")
-                  + (f"; grid-best static (D, W, V) = {tuple(e['grid_best'])}" if "grid_best" in e else ""), "",
-                  "| method | tokens/s (mean ± std over runs) | x AR | x static | x grid-best | tau | draft calls/cycle | controller % |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for name, s in e["methods"].items():
-            f = lambda k, fmt="{:.2f}": fmt.format(s[k]) if s.get(k) is not None else "-"
-            lines.append(f"| {name} | {s['tokens_per_s']:.2f} ± {s['tokens_per_s_std']:.2f} | {f('speedup_vs_ar')} | "
-                         f"{f('speedup_vs_static')} | {f('speedup_vs_grid-best')} | {f('tau')} | "
-                         f"{f('draft_calls_per_cycle')} | {100 * s['controller_share']:.2f} |")
-        names = list(e["methods"])
-        ax.bar(names, [e["methods"][n]["speedup_vs_ar"] for n in names], color="tab:blue")
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_title(f"{ds}: speedup vs AR")
-        ax.tick_params(axis="x", rotation=45)
-        svr = e.get("sim_vs_real", {})
-        if svr.get("methods"):
-            psf = svr.get("profile_speed_factor")
-            pct = lambda v: "-" if v is None else f"{100 * v:+.1f}%"
-            lines += ["", "Sim vs real (cycle-only quantities; error = (sim - real) / real; AR-anchored: the simulated "
-                      "tokens/s scaled by the machine speed factor = real / simulated AR decode tokens/s"
-                      + (f"; clock: the pooled profile x {psf['factor']:.3f}, the speed its {psf['cells']} cells "
-                         "sampled during this dataset's decoding showed; 'pooled': the unscaled pooled profile's error"
-                         if psf else "") + "):", "",
-                      "| method | tau sim | tau real | tau error | decode tok/s sim | decode tok/s real | tok/s error "
-                      + ("| tok/s error, pooled " if psf else "") + "| tok/s error, AR-anchored |",
-                      "|---|---|---|---|---|---|---|" + ("---|" if psf else "") + "---|"]
-            if "ar" in svr:
-                a = svr["ar"]
-                lines.append(f"| ar | - | - | - | {a['sim_decode_tokens_per_s']:.2f} | {a['real_decode_tokens_per_s']:.2f} | "
-                             f"{pct(a['tokens_per_s_rel_error'])} | "
-                             + (f"{pct(a.get('tokens_per_s_rel_error_pooled'))} | " if psf else "")
-                             + f"(factor {svr['machine_speed_factor']:.3f}) |")
-            for name, s in svr["methods"].items():
-                lines.append(f"| {name} | {s['sim_tau']:.3f} | {s['real_tau']:.3f} | {100 * s['tau_rel_error']:+.1f}% | "
-                             f"{s['sim_decode_tokens_per_s']:.2f} | {s['real_decode_tokens_per_s']:.2f} | "
-                             f"{pct(s['tokens_per_s_rel_error'])} | "
-                             + (f"{pct(s.get('tokens_per_s_rel_error_pooled'))} | " if psf else "")
-                             + f"{pct(s.get('tokens_per_s_rel_error_ar_anchored'))} |")
-            lines += ["", "Per-cycle time components, ms (sim / real):", "",
-                      "| method | draft | verify | policy | overhead |", "|---|---|---|---|---|"]
-            for name, s in svr["methods"].items():
-                c = s["per_cycle_ms"]
-                lines.append(f"| {name} | " + " | ".join(
-                    f"{c['sim'].get(k, float('nan')):.1f} / {c['real'].get(k, float('nan')):.1f}"
-                    for k in ("draft", "verify", "policy", "overhead")) + " |")
-            if svr.get("missing_prompts"):
-                lines.append(f"\n(not in the logs, left out of sim-vs-real: {', '.join(svr['missing_prompts'])})")
-        elif svr.get("note"):
-            lines += ["", f"sim-vs-real: {svr['note']}"]
-        lines.append("")
-    fig.tight_layout()
-    fig.savefig(out / "speedup.png", dpi=110)
-    plt.close(fig)
-    pts = [(s["sim"], s["real"], name) for e in rep["datasets"].values()
-           for name, m in e.get("sim_vs_real", {}).get("methods", {}).items() for s in m["per_prompt"]]
-    if pts:
-        fig, ax = plt.subplots(figsize=(4.5, 4.2))
-        for name in sorted({p[2] for p in pts}):
-            xs = [p for p in pts if p[2] == name]
-            ax.scatter([p[1] for p in xs], [p[0] for p in xs], label=name, s=18)
-        lim = max(max(p[0], p[1]) for p in pts) * 1.1
-        ax.plot([0, lim], [0, lim], "k--", lw=0.8)
-        ax.set_xlabel("measured decode tokens/s")
-        ax.set_ylabel("simulated decode tokens/s")
-        ax.legend(fontsize=7)
-        ax.set_title("sim vs real, per prompt")
-        fig.tight_layout()
-        fig.savefig(out / "sim_vs_real.png", dpi=110)
-        plt.close(fig)
-        lines += ["![sim vs real](sim_vs_real.png)", ""]
-    lines.insert(header_len, "![speedup](speedup.png)\n")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-
-
 def add_validate(sub) -> None:
     p = sub.add_parser("validate", help="run policies in the loop on this device; speedup, lossless, sim-vs-real report")
     p.add_argument("--model", default="smollm2-135m")
@@ -432,7 +344,7 @@ def add_validate(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logs", default="data/logs", help="logs for grid-best + sim-vs-real ('' to skip)")
-    p.add_argument("--device", default=None)
+    add_device_dtype(p)
     p.add_argument("--out", default="data/reports/validate")
     p.add_argument("--profile-first", action="store_true",
                    help="profile this device in situ (and each checkpoint's controller cost) into OUT right before "
@@ -450,7 +362,7 @@ def add_validate(sub) -> None:
 
 
 def _run_validate_cli(args) -> int:
-    from pipeline.cli import parse_positive_ints
+    from pipeline.cliargs import parse_positive_ints
 
     if args.temperature < 0:
         raise DraftGymError(f"temperature must be >= 0, got {args.temperature}")
@@ -468,7 +380,7 @@ def _run_validate_cli(args) -> int:
     cfg = ValidateConfig(model=args.model, head=args.head, policies=args.policy, datasets=args.dataset.split(","),
                          split=args.split, n_prompts=args.n_prompts, temperature=args.temperature, runs=args.runs,
                          max_new_tokens=args.max_new_tokens, seed=args.seed, logs=args.logs or None, out=args.out,
-                         device=args.device, profile_first=args.profile_first,
+                         device=args.device, dtype=args.dtype, profile_first=args.profile_first,
                          profile_verify_sizes=parse_positive_ints(args.profile_verify_sizes, "--profile-verify-sizes"),
                          profile_contexts=parse_positive_ints(args.profile_contexts, "--profile-contexts"),
                          profile_repeats=args.profile_repeats, profile_interleave=args.profile_interleave)

@@ -37,15 +37,18 @@ def main(argv=None) -> int:
     ap.add_argument("--n-prompts", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--use-ray", action="store_true", help="collect through the Ray job (adds start-up time)")
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="compute dtype (default: bf16 on a GPU, pipeline.target.default_cpu_dtype on a CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="draftgym-bench-collect-"))
     try:
-        cfg = CollectConfig(model=args.model, head=args.head, dataset=args.dataset, split=args.split,
-                            n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens)
         # online EAGLE-3 at the static default on the same prompts (model loaded once, warm-up first)
-        target = load_target(args.model)
+        target = load_target(args.model, dtype=args.dtype)
+        cfg = CollectConfig(model=args.model, head=args.head, dataset=args.dataset, split=args.split,
+                            n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
+                            dtype=str(target.dtype).removeprefix("torch."))
         head = load_head_for(args.head, target.model)
         eng = Engine(target.model, head, target.eos_token_ids)
         recs = load_prompts(args.dataset, split=args.split, n=args.n_prompts)
@@ -56,6 +59,7 @@ def main(argv=None) -> int:
                                controller=StaticController(8, 10, 60))
             online_tokens += res.new_tokens
             online_s += res.wall_s
+        env = environment_fingerprint(target.device, target.dtype)
         del eng, target, head
         # collection (in-process unless --use-ray), timed end to end including Parquet writes
         t0 = time.perf_counter()
@@ -65,7 +69,7 @@ def main(argv=None) -> int:
         rows = sum(read_table(f, "positions", columns=["position"]).num_rows for f in files)
         nbytes = sum(f.stat().st_size for f in files)
         report = {"command": "python -m pipeline.bench_collect " + " ".join(argv or sys.argv[1:]),
-                  "date": time.strftime("%Y-%m-%d"), "environment": environment_fingerprint(),
+                  "date": time.strftime("%Y-%m-%d"), "environment": env,
                   "config": json.loads(cfg.to_json()), "prompts": len(recs),
                   "collect_positions": s["positions"], "collect_wall_s": collect_s,
                   "collect_positions_per_s": s["positions"] / collect_s,

@@ -39,17 +39,19 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="8,10,60", help="semicolon-separated D,W,V triples")
     ap.add_argument("--op-context", type=int, default=256, help="context length for the per-op timings")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                    help="compute dtype (default: bf16 on a GPU, pipeline.target.default_cpu_dtype on a CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    target = load_target(args.model, device="cpu" if not torch.cuda.is_available() else None)
+    target = load_target(args.model, device="cpu" if not torch.cuda.is_available() else None, dtype=args.dtype)
     head = load_head_for(args.head, target.model)
     eng = Engine(target.model, head, target.eos_token_ids)
     dev = target.device
     prompts = load_prompts(args.dataset, split=args.split, n=args.n_prompts)
     configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
     report = {"command": " ".join(["python -m pipeline.bench_engine"] + (argv or sys.argv[1:])),
-              "date": time.strftime("%Y-%m-%d"), "environment": environment_fingerprint(dev),
+              "date": time.strftime("%Y-%m-%d"), "environment": environment_fingerprint(dev, target.dtype),
               "model": args.model, "head": head.head_id, "dataset": args.dataset, "n_prompts": len(prompts),
               "max_new_tokens": args.max_new_tokens}
 

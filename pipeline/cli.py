@@ -8,18 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def parse_positive_ints(s: str, name: str) -> tuple[int, ...]:
-    """'10,8,12' -> (10, 8, 12), with a one-line error for anything else."""
-    from pipeline.errors import DraftGymError
-
-    try:
-        v = tuple(int(x) for x in s.split(","))
-    except ValueError:
-        raise DraftGymError(f"{name} must be comma-separated integers, got {s!r}") from None
-    if any(x < 1 for x in v):
-        raise DraftGymError(f"{name} values must be >= 1")
-    return v
+from pipeline.cliargs import add_device_dtype
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,8 +32,7 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: bf16 on GPU, fp32 on CPU)")
+    add_device_dtype(p)
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt text as-is")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     p.set_defaults(func=_run_generate)
@@ -100,6 +88,9 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (default 500)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if present)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="the target's dtype for the training features (default float32; the generation copy "
+                        "that writes the answers is bfloat16)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the work dir")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
     p.set_defaults(func=_run_train_draft)

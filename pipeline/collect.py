@@ -39,6 +39,7 @@ class CollectConfig:
 
     model: str = "smollm2-135m"
     head: str = "default"
+    dtype: str = "float32"           # the target's compute dtype: 'float32' | 'bfloat16' | 'float16' (resolved)
     dataset: str = "mt-bench"
     split: str | None = "test"
     n_prompts: int | None = 10
@@ -55,7 +56,7 @@ class CollectConfig:
 
     def run_key(self) -> str:
         """Same data-defining config -> same key (so a rerun resumes instead of duplicating)."""
-        keys = ("model", "head", "dataset", "split", "max_new_tokens", "temperature", "seed", "widths",
+        keys = ("model", "head", "dtype", "dataset", "split", "max_new_tokens", "temperature", "seed", "widths",
                 "max_depth", "verify_grid", "dist_every", "dist_verify_size", "schema_version")
         blob = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True, default=list)
         return hashlib.sha1(blob.encode()).hexdigest()[:12]

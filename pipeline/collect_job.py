@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from pipeline.cliargs import add_device_dtype
 from pipeline.collect import CollectConfig, collect_prompt
 from pipeline.errors import DraftGymError
 from pipeline.schema import (SCHEMA_VERSION, SEQUENCES, partition_dir, positions_schema, write_atomic,
@@ -80,7 +81,7 @@ class CollectorActor:
         self.cfg = CollectConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(cfg_json).items()})
         self.out = Path(out)
         self.env_json = env_json
-        self.target = load_target(self.cfg.model, device=device)
+        self.target = load_target(self.cfg.model, device=device, dtype=self.cfg.dtype)
         self.head = load_head_for(self.cfg.head, self.target.model, self.cfg.seed)
         self.engine = Engine(self.target.model, self.head, self.target.eos_token_ids)
         self.fail_after = fail_after or int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
@@ -130,7 +131,7 @@ class CollectorActor:
                                        type=schema.field("accept_dist").type))
             write_atomic(pa.Table.from_arrays(arrays, schema=schema), pos_paths[W], "positions")
         row = {"schema_version": SCHEMA_VERSION, "run_key": key, "prompt_id": pid, "split": split,
-               "model_id": cfg.model, "head_id": self.head.head_id, "seed": cfg.seed, "prompt_tokens": ids,
+               "model_id": cfg.model, "head_id": self.head.head_id, "dtype": cfg.dtype, "seed": cfg.seed, "prompt_tokens": ids,
                "output_tokens": log.output_tokens, "new_tokens": log.new_tokens, "stop_reason": log.stop_reason,
                "widths": list(cfg.widths), "max_depth": cfg.max_depth, "verify_grid": list(cfg.verify_grid),
                "config_json": cfg.to_json(), "env_json": self.env_json, "collect_s": seconds}
@@ -170,7 +171,7 @@ def run_collect(cfg: CollectConfig, out: str | Path, num_actors: int = 1, num_gp
         remove_orphans(out, cfg, ds)
     done = {ds: done_hashes(out, cfg, ds) for ds in datasets}
     todo = [r for r in records if prompt_hash(r.prompt_id) not in done[r.dataset]]
-    env = environment_fingerprint(device)
+    env = environment_fingerprint(device, cfg.dtype)
     manifest_path = out / "_runs" / f"{cfg.run_key()}.json"
     manifest = {"run_key": cfg.run_key(), "config": json.loads(cfg.to_json()), "environment": env,
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "n_prompts": len(records),
@@ -238,6 +239,7 @@ def add_collect(sub) -> None:
     p.add_argument("--num-actors", type=int, default=1)
     p.add_argument("--num-gpus", type=float, default=None, help="GPUs per actor (default: 1 if CUDA is present)")
     p.add_argument("--no-ray", action="store_true", help="run in-process (debugging)")
+    add_device_dtype(p)
     p.add_argument("--out", default="data/logs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run_collect_cli)
@@ -248,13 +250,15 @@ def _run_collect_cli(args) -> int:
 
     if args.temperature < 0:
         raise DraftGymError(f"temperature must be >= 0, got {args.temperature}")
-    from pipeline.cli import parse_positive_ints
+    from pipeline.cliargs import parse_positive_ints
+    from pipeline.target import resolve_dtype_name
 
     widths = parse_positive_ints(args.widths, "--widths")
     if args.max_depth < 1:
         raise DraftGymError("--max-depth must be >= 1")
     num_gpus = args.num_gpus if args.num_gpus is not None else (1.0 if torch.cuda.is_available() else 0.0)
-    cfg = CollectConfig(model=args.model, head=args.head, dataset=args.dataset,
+    cfg = CollectConfig(model=args.model, head=args.head, dtype=resolve_dtype_name(args.dtype, args.device),
+                        dataset=args.dataset,
                         split=None if args.split == "all" else args.split, n_prompts=args.n_prompts,
                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                         widths=widths, max_depth=args.max_depth, position_batch=args.position_batch,
@@ -262,7 +266,8 @@ def _run_collect_cli(args) -> int:
     if args.head not in ("random", "default"):
         from pipeline.head import resolve_head_dir
         resolve_head_dir(args.head)
-    s = run_collect(cfg, args.out, num_actors=args.num_actors, num_gpus=num_gpus, use_ray=not args.no_ray)
+    s = run_collect(cfg, args.out, num_actors=args.num_actors, num_gpus=num_gpus, use_ray=not args.no_ray,
+                    device=args.device)
     if args.json:
         print(json.dumps(s))
     else:

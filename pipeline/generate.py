@@ -36,7 +36,8 @@ def run_generate(args) -> int:
         res = engine.generate(prompt_ids, args.max_new_tokens, args.temperature, args.seed, controller=ctrl)
     text = target.tokenizer.decode(res.output_ids, skip_special_tokens=True)
     if args.json:
-        obj = {"text": text, "output_ids": res.output_ids, **res.summary(), "device": device_name(target.device),
+        obj = {"text": text, "output_ids": res.output_ids, **res.summary(), "device": device_name(target.device, target.dtype),
+               "dtype": str(target.dtype).removeprefix("torch."),
                "model": args.model, "head": None if head is None else head.head_id,
                "config": {"depth": args.depth, "width": args.width, "verify_size": args.verify_size,
                           "temperature": args.temperature, "seed": args.seed, "max_new_tokens": args.max_new_tokens},

@@ -30,6 +30,7 @@ import pyarrow as pa
 import torch
 from tqdm import tqdm
 
+from pipeline.cliargs import add_device_dtype
 from pipeline.errors import DraftGymError
 from pipeline.latency import draft_op, time_op, verify_op
 from pipeline.schema import LATENCY, SCHEMA_VERSION, partition_dir, write_atomic
@@ -230,16 +231,15 @@ class InSituSampler:
 
     def write(self, out: str) -> dict:
         """One profile (a new profile_id) of every sample so far -> `<out>/latency/...parquet`."""
-        from pipeline.fingerprint import device_name, environment_fingerprint
+        from pipeline.fingerprint import device_name, dtype_name, environment_fingerprint
 
-        dev = self.engine.device
-        env = json.dumps(environment_fingerprint(dev))
+        dev, dtype = self.engine.device, dtype_name(self.engine.dtype)
+        env = json.dumps(environment_fingerprint(dev, dtype))
         profile_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        dtype = str(next(self.engine.model.parameters()).dtype).removeprefix("torch.")
         rows = []
 
         def add(op, stats, width=0, verify_size=0, context_len=0):
-            rows.append({"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device_name(dev),
+            rows.append({"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device_name(dev, dtype),
                          "device_type": dev.type, "model_id": self.model, "head_id": self.engine.head.head_id,
                          "dtype": dtype, "op": op, "width": width, "verify_size": verify_size, "context_len": context_len,
                          "batch": 1, "n": stats["n"], "median": stats["median"], "p10": stats["p10"],
@@ -257,7 +257,7 @@ class InSituSampler:
         add("overhead", stats_of(self.overhead), width=10, verify_size=60)
         path = partition_dir(out, "latency", self.model, "_profile", 0.0).parent.parent / f"{profile_id}.parquet"
         write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
-        return {"profile_id": profile_id, "device": device_name(dev), "rows": len(rows), "path": str(path),
+        return {"profile_id": profile_id, "device": device_name(dev, dtype), "dtype": dtype, "rows": len(rows), "path": str(path),
                 "rounds": self.rounds, "trees": self.done}
 
 
@@ -272,15 +272,14 @@ def add_profile(sub) -> None:
     p.add_argument("--cycle-tokens", type=int, default=24, help="in situ: new tokens per profiling generation")
     p.add_argument("--isolated", action="store_true",
                    help="also time the bare ops in a tight loop (ops verify_isolated / draft_isolated)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None)
+    add_device_dtype(p)
     p.add_argument("--out", default="data/logs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run_profile_cli)
 
 
 def _run_profile_cli(args) -> int:
-    from pipeline.cli import parse_positive_ints
+    from pipeline.cliargs import parse_positive_ints
 
     if args.head not in ("random", "default"):
         from pipeline.head import resolve_head_dir

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from pipeline.errors import DataError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2                 # 2: sequences.dtype (logs carry the dtype they were collected in)
 VERSION_KEY = b"draftgym.schema_version"
 TABLE_KEY = b"draftgym.table"
 
@@ -54,6 +54,7 @@ SEQUENCES = pa.schema([
     ("split", pa.string()),
     ("model_id", pa.string()),
     ("head_id", pa.string()),
+    ("dtype", pa.string()),                    # the target's compute dtype: float32 | bfloat16 | float16
     ("seed", pa.int64()),
     ("prompt_tokens", pa.list_(pa.int32())),
     ("output_tokens", pa.list_(pa.int32())),   # logged continuation y_0.. (incl. lookahead past new_tokens)
@@ -169,7 +170,8 @@ def check_file(path: str | Path, table_name: str | None = None) -> pq.ParquetFil
     if version is None:
         raise DataError(f"{path} is not a DraftGym log (no {VERSION_KEY.decode()} metadata)")
     if int(version) != SCHEMA_VERSION:
-        raise DataError(f"{path} has schema version {int(version)}, this DraftGym reads version {SCHEMA_VERSION}")
+        raise DataError(f"{path} has schema version {int(version)}, this DraftGym reads version {SCHEMA_VERSION} "
+                        f"(collect or profile it again)")
     if table_name is not None and meta.get(TABLE_KEY, b"").decode() != table_name:
         raise DataError(f"{path} holds table {meta.get(TABLE_KEY, b'?').decode()!r}, expected {table_name!r}")
     return pf

@@ -36,17 +36,46 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """bf16 on a GPU, fp32 on a CPU, unless the caller says otherwise."""
+DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+CPU_DTYPE_ENV = "DRAFTGYM_CPU_DTYPE"
+
+
+def cpu_has_bf16_units() -> bool:
+    """True where the CPU has bf16 matrix instructions (Intel AMX-BF16 or AVX512-BF16; lscpu flags)."""
+    try:
+        flags = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def default_cpu_dtype() -> torch.dtype:
+    """The CPU default: `$DRAFTGYM_CPU_DTYPE` (float32 | bfloat16 | float16 | auto), else float32.
+    'auto' = bfloat16 where the CPU has bf16 units, else float32 (BENCHMARKS.md H2 measures both)."""
+    v = os.environ.get(CPU_DTYPE_ENV, "float32").strip().lower()
+    if v == "auto":
+        return torch.bfloat16 if cpu_has_bf16_units() else torch.float32
+    if v not in DTYPE_NAMES:
+        raise DraftGymError(f"{CPU_DTYPE_ENV} must be one of float32, bfloat16, float16, auto; got {v!r}")
+    return DTYPE_NAMES[v]
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str | None = None) -> torch.dtype:
+    """The compute dtype: as given, else bf16 on a GPU and `default_cpu_dtype()` on a CPU."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in names:
-        raise DraftGymError(f"unknown dtype {dtype!r}; use one of {sorted(names)}")
-    return names[dtype]
+        device = torch.device(device) if device is not None else default_device()
+        return torch.bfloat16 if device.type == "cuda" else default_cpu_dtype()
+    if dtype not in DTYPE_NAMES:
+        raise DraftGymError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_NAMES)}")
+    return DTYPE_NAMES[dtype]
+
+
+def resolve_dtype_name(dtype: str | torch.dtype | None, device: torch.device | str | None = None) -> str:
+    """resolve_dtype as the name logs record: 'float32' | 'bfloat16' | 'float16'."""
+    return str(resolve_dtype(dtype, device)).removeprefix("torch.")
 
 
 @dataclass
@@ -56,6 +85,10 @@ class Target:
     model: torch.nn.Module
     tokenizer: object
     model_id: str          # 'smollm2-135m', a directory path, or a hub id
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
 
     @property
     def device(self) -> torch.device:

@@ -71,6 +71,8 @@ class TrainConfig:
 
     # -- data / self-distillation
     model: str = "smollm2-135m"             # target: 'smollm2-135m', a HF dir or a hub id
+    dtype: str = "float32"                   # the target's dtype for training features (bfloat16: what a bf16
+                                             # deployment feeds the head); answers come from the gen_dtype copy
     datasets: tuple = ("sharegpt",)          # names, optionally 'name:count' to fix a dataset's share
     n_prompts: int = 2000                    # train-split prompts in total, shared evenly (water-filling)
     max_prompt_tokens: int = 256             # longer prompts are skipped (never truncated)
@@ -504,7 +506,7 @@ def _log(msg: str) -> None:
 
 def _ckpt_compat(cfg: TrainConfig) -> dict:
     """Fields a checkpoint must agree on to be resumed."""
-    keys = ("model", "draft_vocab_size", "intermediate_size", "ttt_steps", "max_len", "seed", "batch_size",
+    keys = ("model", "dtype", "draft_vocab_size", "intermediate_size", "ttt_steps", "max_len", "seed", "batch_size",
             "batch_tokens", "init_lm_head_from_target")
     return {k: getattr(cfg, k) for k in keys}
 
@@ -550,7 +552,7 @@ def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], o
     store = None
     if cfg.feature_cache:
         fkey = _hash({"model": cfg.model, "seqs": _hash([s.ids for s in sequences]), "layers": head.layer_ids,
-                      "amp": amp, "v": 1})
+                      "amp": amp, "dtype": str(next(target_model.parameters()).dtype), "v": 1})
         H_t = target_model.config.hidden_size
         store = FeatureStore(work_dir / f"features-{fkey}", lengths, 3 * H_t, H_t)
 
@@ -948,7 +950,7 @@ def run_train_draft(cfg: TrainConfig, progress_bar: bool = True) -> dict:
 
     cfg.validate()
     t0 = time.time()
-    target = load_target(cfg.model, device=cfg.device, dtype="float32")
+    target = load_target(cfg.model, device=cfg.device, dtype=cfg.dtype)
     work = Path(cfg.work_dir) if cfg.work_dir else default_work_dir(cfg.model)
     work.mkdir(parents=True, exist_ok=True)
     prompts, counts = select_prompts(cfg, target.tokenizer)

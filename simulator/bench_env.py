@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         root = tmp.name
         write_synthetic_logs(root, SyntheticConfig(n_sequences=args.sequences, new_tokens=(128, 256)))
     logs = load_logs(root)
-    lat = LatencyModel.from_logs(root)
+    lat = LatencyModel.from_logs(root, model=logs.model, dtype=logs.dtype)
     out = {"positions": logs.n_positions, "sequences": logs.n_sequences, "omp_num_threads": os.environ.get(
         "OMP_NUM_THREADS"), "loadavg": os.getloadavg(), "cpus": os.cpu_count(), "results": {}}
     for mode in args.modes.split(","):

@@ -18,7 +18,9 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model partition (default: the only one)")
     p.add_argument("--temperature", type=float, default=None, help="temperature partition (default: the only one)")
     p.add_argument("--dataset", default=None, help="comma-separated datasets (default: all)")
-    p.add_argument("--profile", default=None, help="latency profile_id (default: the only one)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="the logs' compute dtype (default: the only one); the latency profile must be of the same dtype")
+    p.add_argument("--profile", default=None, help="latency profile_id (default: the newest of the logs' dtype)")
     p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
 
 

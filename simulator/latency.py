@@ -169,8 +169,12 @@ class LatencyModel:
     # ---- constructors
     @classmethod
     def from_rows(cls, rows, model: str | None = None, profile: str | None = None,
-                  point: str = "mean", device: str | None = None) -> "LatencyModel":
+                  point: str = "mean", device: str | None = None, dtype: str | None = None) -> "LatencyModel":
         """rows: a pyarrow Table or list of dicts with LATENCY columns.
+
+        dtype: only profiles taken in this compute dtype (pass the logs' dtype: a bf16 replay timed
+        with an fp32 profile would be a different machine). A profile whose rows mix dtypes is
+        refused with a one-line error, whatever is asked.
 
         point: the measured statistic the model predicts (its central value). "mean" (default): the
         expected time, which is what a throughput (tokens / total time) integrates; on a CPU the
@@ -193,6 +197,13 @@ class LatencyModel:
             if not rows:
                 raise DataError(f"no latency profile for device {device!r} (profiles exist for: {', '.join(have)}); "
                                 f"run `draftgym profile` on this device, or validate with --profile-first")
+        unfiltered = rows
+        if dtype is not None:
+            have = sorted({str(r.get("dtype")) for r in rows})
+            rows = [r for r in rows if r.get("dtype") == dtype]
+            if not rows:
+                raise DataError(f"no {dtype} latency profile{'' if model is None else f' for model {model}'} "
+                                f"(profiles exist in: {', '.join(have)}); run `draftgym profile --dtype {dtype}`")
         profiles = sorted({r["profile_id"] for r in rows})
         note = None
         if profile is None:
@@ -203,6 +214,9 @@ class LatencyModel:
         rows = [r for r in rows if r["profile_id"] == profile]
         if not rows:
             raise DataError(f"latency profile {profile!r} not found (have {', '.join(profiles)})")
+        mixed = sorted({str(r.get("dtype")) for r in unfiltered if r["profile_id"] == profile})
+        if len(mixed) > 1:
+            raise DataError(f"latency profile {profile!r} mixes dtypes ({', '.join(mixed)}); profile each dtype separately")
         by = {op: [r for r in rows if r["op"] == op] for op in OPS}
         for op in ("draft_step", "verify"):
             if not by[op]:
@@ -230,7 +244,7 @@ class LatencyModel:
 
     @classmethod
     def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None,
-                  point: str = "mean", device: str | None = None) -> "LatencyModel":
+                  point: str = "mean", device: str | None = None, dtype: str | None = None) -> "LatencyModel":
         """All latency shards under <root>/latency (any partitioning), checked reads."""
         files = table_files(root, "latency")
         if not files:
@@ -238,7 +252,7 @@ class LatencyModel:
         rows = []
         for f in files:
             rows += read_table(f, "latency").to_pylist()
-        return cls.from_rows(rows, model=model, profile=profile, point=point, device=device)
+        return cls.from_rows(rows, model=model, profile=profile, point=point, device=device, dtype=dtype)
 
     @classmethod
     def from_constants(cls, draft_step: float = 0.006, verify: float = 0.05, policy: float = 0.0,

@@ -118,6 +118,7 @@ class ReplayLogs:
     context_len: np.ndarray
     w: dict[int, WidthArrays] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    dtype: str = "float32"           # the target's compute dtype the logs were collected in
 
     # -- shapes and lookups
     @property
@@ -233,10 +234,11 @@ def _pick(name: str, wanted, available: list, match=lambda w, a: w == a):
 
 def load_logs(root: str | Path, model: str | None = None, temperature: float | None = None,
               datasets: list[str] | str | None = None, split: str | list[str] | None = None,
-              width: int | None = None, widths: list[int] | None = None) -> ReplayLogs:
-    """Read and check the logs of one (model, temperature) for the given datasets, split(s), width(s).
+              width: int | None = None, widths: list[int] | None = None, dtype: str | None = None) -> ReplayLogs:
+    """Read and check the logs of one (model, temperature, dtype) for the given datasets, split(s), width(s).
 
-    model / temperature may be omitted when the logs hold only one. width: the primary W (default:
+    model / temperature / dtype may be omitted when the logs hold only one (acceptance in bf16 and
+    in fp32 differ after the first near-tie, so one replay never mixes them). width: the primary W (default:
     10 if logged, else the smallest logged); widths: extra widths to load too (e.g. for Re-SpS
     shapes); "all" loads every logged width.
     """
@@ -260,16 +262,25 @@ def load_logs(root: str | Path, model: str | None = None, temperature: float | N
     seq_tables = []
     for p in parts:
         for f in sorted(x for x in p["dir"].glob("*.parquet") if not x.name.startswith(".")):
-            t = read_table(f, "sequences", columns=["run_key", "prompt_id", "split", "model_id", "prompt_tokens",
+            t = read_table(f, "sequences", columns=["run_key", "prompt_id", "split", "model_id", "dtype", "prompt_tokens",
                                                    "new_tokens", "widths", "max_depth", "verify_grid"])
             t = t.append_column("dataset", pa.array([p["dataset"]] * len(t), pa.string()))
             seq_tables.append(t)
     seqs = pa.concat_tables(seq_tables) if seq_tables else None
     if seqs is None or len(seqs) == 0:
         raise DataError(f"no sequences for model={model} temperature={temperature:g} under {root}")
+    dtypes = np.array(seqs.column("dtype").to_pylist(), dtype=object)
+    have_dt = sorted(set(dtypes.tolist()))
+    if dtype is None:
+        if len(have_dt) > 1:
+            raise DataError(f"the logs for model={model} temperature={temperature:g} hold several dtypes ({', '.join(have_dt)}); "
+                            f"choose one with --dtype")
+        dtype = have_dt[0]
+    elif dtype not in have_dt:
+        raise DataError(f"no {dtype} logs for model={model} temperature={temperature:g} under {root} (have {', '.join(have_dt)})")
     splits = np.array(seqs.column("split").to_pylist(), dtype=object)
     splits = np.where(splits == None, "none", splits)  # noqa: E711
-    keep = np.ones(len(seqs), bool)
+    keep = dtypes == dtype
     if split not in (None, "all"):
         keep &= np.isin(splits, [split] if isinstance(split, str) else list(split))
     if not keep.any():
@@ -391,7 +402,7 @@ def load_logs(root: str | Path, model: str | None = None, temperature: float | N
     logs = ReplayLogs(model=model, temperature=float(temperature), width=width, max_depth=max_depth,
                       verify_grid=grid, prompt_id=prompt_id, run_key=run_key, dataset=dataset, split=splits,
                       new_tokens=new_tokens, prompt_len=prompt_len, offsets=offsets.astype(np.int64),
-                      seq_index=seq_i, position=pos, context_len=ctx, w=warr, notes=notes)
+                      seq_index=seq_i, position=pos, context_len=ctx, w=warr, notes=notes, dtype=dtype)
     if short.any():
         logs = logs.subset(~short)
     return logs

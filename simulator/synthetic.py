@@ -75,7 +75,7 @@ def write_sequences(root, model: str, dataset: str, temperature: float, rows: li
     full = []
     for r in rows:
         d = {"schema_version": SCHEMA_VERSION, "run_key": "synthetic", "model_id": model, "head_id": "synthetic-head",
-             "seed": 0, "stop_reason": "max_new_tokens", "config_json": "{}", "env_json": "{}", "collect_s": 0.0}
+             "dtype": "float32", "seed": 0, "stop_reason": "max_new_tokens", "config_json": "{}", "env_json": "{}", "collect_s": 0.0}
         d.update(r)
         d["widths"] = [int(w) for w in d["widths"]]
         d["verify_grid"] = [int(v) for v in d["verify_grid"]]
@@ -285,7 +285,7 @@ def write_synthetic_logs(root, cfg: SyntheticConfig | None = None) -> dict:
             ctx.append(P[s] + np.arange(n))
             out_tokens = rng.integers(0, cfg.vocab, int(T[s]) + Dm).tolist()
             rows.append({"run_key": "synthetic", "prompt_id": pid, "split": cfg.split_cycle[s % len(cfg.split_cycle)],
-                         "model_id": cfg.model, "head_id": cfg.head, "seed": cfg.seed,
+                         "model_id": cfg.model, "head_id": cfg.head, "dtype": "float32", "seed": cfg.seed,
                          "prompt_tokens": rng.integers(0, cfg.vocab, int(P[s])).tolist(),
                          "output_tokens": out_tokens, "new_tokens": int(T[s]), "stop_reason": "max_new_tokens",
                          "widths": list(cfg.widths), "max_depth": Dm, "verify_grid": list(cfg.verify_grid),

@@ -54,7 +54,8 @@ def run_cli(args) -> int:
 
     t0 = time.perf_counter()
     data = load_training_data(args.logs, args.model, args.temperature, args.dataset, args.split, args.width,
-                              widths="all", profile=args.profile, latency_root=args.latency)
+                              widths="all", profile=args.profile, latency_root=args.latency,
+                              dtype=getattr(args, "dtype", None))
     cfg = ResSpSConfig(seed=args.seed, action_space=getattr(args, "action_space", "seeds"))
     if args.steps:
         cfg = replace(cfg, steps=args.steps)

@@ -61,7 +61,7 @@ def write_positions(root: Path, run_key: str, pid: str, W: int, with_dist: bool 
 
 def write_sequence(root: Path, run_key: str, pid: str, widths: list[int]) -> Path:
     row = {"schema_version": SCHEMA_VERSION, "run_key": run_key, "prompt_id": pid, "split": "test",
-           "model_id": MODEL, "head_id": "h", "seed": 0, "prompt_tokens": [1, 2], "output_tokens": list(range(8)),
+           "model_id": MODEL, "head_id": "h", "dtype": "float32", "seed": 0, "prompt_tokens": [1, 2], "output_tokens": list(range(8)),
            "new_tokens": NEW_TOKENS, "stop_reason": "max_new_tokens", "widths": widths, "max_depth": MAX_DEPTH,
            "verify_grid": list(GRID), "config_json": "{}", "env_json": "{}", "collect_s": 1.0}
     d = partition_dir(root, "sequences", MODEL, DATASET, TEMP[run_key])

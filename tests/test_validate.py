@@ -41,7 +41,9 @@ def test_validate_end_to_end(tmp_path, tiny_model_dir, tiny_logs, capsys):
     assert e["lossless"] and e["lossless_checked"]
     assert set(e["methods"]) == {"ar", "static", "grid-best", "ltd", "ddd"}
     for name, m in e["methods"].items():
-        assert m["tokens_per_s"] > 0 and m["speedup_vs_ar"] > 0 and m["lossless_failures"] == 0
+        assert m["tokens_per_s"] > 0 and m["speedup_vs_ar"] > 0
+        if name != "ar":   # fp32: every generation exactly AR's (2 prompts x 2 runs)
+            assert m["lossless"] == {"exact": 4, "near-tie": 0, "mismatch": 0}
     svr = e["sim_vs_real"]["methods"]
     assert set(svr) == {"static", "grid-best", "ltd", "ddd"} and not e["sim_vs_real"]["missing_prompts"]
     for m in svr.values():
