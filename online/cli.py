@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline.cliargs import DefaultsHelpFormatter
 from pipeline.errors import DraftGymError
 
 
@@ -22,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulator_cli.register(sub)
     add_validate(sub)
     add_profile_policy(sub)
+    for sp in sub.choices.values():           # every option's default in --help
+        sp.formatter_class = DefaultsHelpFormatter
     return parser
 
 

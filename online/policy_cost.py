@@ -22,7 +22,7 @@ import time
 
 import pyarrow as pa
 
-from pipeline.cliargs import add_device_dtype
+from pipeline.cliargs import add_device_dtype, add_model_head
 from pipeline.errors import DataError, DraftGymError
 from pipeline.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
 
@@ -132,11 +132,10 @@ def add_profile_policy(sub) -> None:
     p = sub.add_parser("profile-policy", help="time trained policies' controller calls in the engine, into the newest profile")
     p.add_argument("--policy", action="append", required=True, help="checkpoint directory (repeatable)")
     p.add_argument("--logs", default="data/logs", help="logs root holding the device's latency profile")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--head", default="default")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    add_model_head(p)
+    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens decoded per timing generation")
     add_device_dtype(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_cli)
 
 

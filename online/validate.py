@@ -34,7 +34,7 @@ import pyarrow as pa
 from online.controllers import make_controller, policy_label
 from online.speedbench import run_methods, summarize
 from online.validate_report import write_markdown
-from pipeline.cliargs import add_device_dtype
+from pipeline.cliargs import add_device_dtype, add_model_head, add_split, parse_positive_ints
 from pipeline.controller import StaticController
 from pipeline.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
@@ -49,7 +49,7 @@ class ValidateConfig:
     head: str = "default"
     policies: list[str] = field(default_factory=list)
     datasets: list[str] = field(default_factory=lambda: ["mt-bench"])
-    split: str = "test"
+    split: str | None = "test"           # train | val | test | all; None: test for built-ins, all of a user's file
     n_prompts: int = 5
     temperature: float = 0.0
     runs: int = 3
@@ -90,7 +90,7 @@ def cycle_rows(run_id: str, method: str, prompt_id: str, run: int, res, device: 
 
 
 def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
-    from pipeline.datasets import load_prompts
+    from pipeline.datasets import load_prompts, resolve_split
     from pipeline.engine import Engine
     from pipeline.fingerprint import device_name, environment_fingerprint
     from pipeline.generate import load_head_for
@@ -99,6 +99,13 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     out = Path(cfg.out)
     t_start = time.perf_counter()
     dtype = resolve_dtype_name(cfg.dtype, cfg.device)     # decoding, logs and profile must all be of this dtype
+    # every prompt set first: a bad dataset or split fails before any model loads or profiling starts
+    prompt_sets = {}
+    for ds in cfg.datasets:
+        split = resolve_split(ds, cfg.split)
+        prompt_sets[ds] = load_prompts(ds, split=split, n=cfg.n_prompts)
+        if not prompt_sets[ds]:
+            raise DraftGymError(f"no prompts in {ds}" + (f" split {split}" if split else ""))
     # acceptance logs first: a bad --logs fails before the model loads
     logs = sim_note = None
     if cfg.logs:
@@ -143,7 +150,7 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
             lat_root = str(out)
         lat = LatencyModel.from_logs(lat_root, model=logs.model, device=dev, dtype=dtype)
         report["latency_profile"] = {"root": lat_root, "profile_id": lat.meta.get("profile_id")}
-        tune = logs.select(pick_tune_split(logs, cfg.split, "auto"))
+        tune = logs.select(pick_tune_split(logs, resolve_split(cfg.datasets[0], cfg.split) or "test", "auto"))
         gs = B.grid_search(tune, lat)["by_dataset"]
         # lat: what grid-best and the online policies were chosen / built with; clock: what the
         # simulator's sim-vs-real prediction is timed with (the interleaved profile, when there is one)
@@ -167,9 +174,7 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
 
     pending = []
     for ds in cfg.datasets:
-        recs = load_prompts(ds, split=cfg.split, n=cfg.n_prompts)
-        if not recs:
-            raise DraftGymError(f"no {cfg.split} prompts in {ds}")
+        recs = prompt_sets[ds]
         prompts = [encode_prompt(target.tokenizer, list(r.messages)) for r in recs]
         if between is not None:
             sampler.segment = ds        # the profile samples taken while this dataset decodes
@@ -333,36 +338,34 @@ def per_cycle_components(res, m, order) -> dict:
 
 def add_validate(sub) -> None:
     p = sub.add_parser("validate", help="run policies in the loop on this device; speedup, lossless, sim-vs-real report")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--head", default="default")
+    add_model_head(p)
     p.add_argument("--policy", action="append", default=[], help="checkpoint dir or built-in spec (repeatable)")
     p.add_argument("--dataset", default="mt-bench", help="comma-separated datasets")
-    p.add_argument("--split", default="test")
-    p.add_argument("--n-prompts", type=int, default=5)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
+    add_split(p)
+    p.add_argument("--n-prompts", type=int, default=5, help="first N prompts per dataset")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs checked against AR); > 0 samples")
+    p.add_argument("--runs", type=int, default=3, help="Spec-Bench-style repeats (mean and std over runs)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed base (seed + 1000 * run + prompt index)")
     p.add_argument("--logs", default="data/logs", help="logs for grid-best + sim-vs-real ('' to skip)")
     add_device_dtype(p)
-    p.add_argument("--out", default="data/reports/validate")
+    p.add_argument("--out", default="data/reports/validate", help="report folder (report.md, report.json, PNGs, cycles Parquet)")
     p.add_argument("--profile-first", action="store_true",
                    help="profile this device in situ (and each checkpoint's controller cost) into OUT right before "
                         "decoding; grid-best and sim-vs-real then use that profile")
-    p.add_argument("--profile-verify-sizes", default=",".join(map(str, ValidateConfig.profile_verify_sizes)))
-    p.add_argument("--profile-contexts", default=",".join(map(str, ValidateConfig.profile_contexts)))
-    p.add_argument("--profile-repeats", type=int, default=ValidateConfig.profile_repeats)
+    p.add_argument("--profile-verify-sizes", default=",".join(map(str, ValidateConfig.profile_verify_sizes)), help="--profile-first: V values")
+    p.add_argument("--profile-contexts", default=",".join(map(str, ValidateConfig.profile_contexts)), help="--profile-first: context lengths")
+    p.add_argument("--profile-repeats", type=int, default=ValidateConfig.profile_repeats, help="--profile-first: at least this many cycles per (V, context)")
     p.add_argument("--profile-interleave", type=int, default=0, metavar="ROUNDS",
                    help="ROUNDS further profile rounds spread between the generations (implies --profile-first); "
                         "sim-vs-real is then timed with the profile pooled over all rounds (which samples the same "
                         "machine states as the decoding), rescaled per dataset by the speed its samples saw while "
                         "that dataset decoded")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=_run_validate_cli)
 
 
 def _run_validate_cli(args) -> int:
-    from pipeline.cliargs import parse_positive_ints
 
     if args.temperature < 0:
         raise DraftGymError(f"temperature must be >= 0, got {args.temperature}")

@@ -14,7 +14,7 @@ def write_markdown(rep: dict, out: Path) -> None:
     cfg = rep["config"]
     lines = [f"# DraftGym validation `{rep['run_id']}`", "",
              f"- device: **{rep['device']}**; model `{cfg['model']}`, head `{rep['head_id']}`; T = {cfg['temperature']}; "
-             f"{cfg['runs']} runs x {cfg['n_prompts']} prompts per dataset ({cfg['split']} split), "
+             f"{cfg['runs']} runs x {cfg['n_prompts']} prompts per dataset ({cfg['split'] or 'default'} split), "
              f"{cfg['max_new_tokens']} new tokens",
              f"- torch {rep['environment']['torch']}, transformers {rep['environment']['transformers']}; wall {rep['wall_s']:.0f} s",
              ""]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cliargs import add_device_dtype
+from pipeline.cliargs import add_device_dtype, add_model_head
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,16 +22,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="decode one prompt with AR or EAGLE-3 and print the text")
-    p.add_argument("--model", default="smollm2-135m", help="'smollm2-135m', a HF model dir or a hub id")
-    p.add_argument("--head", default="random", help="EAGLE-3 head: a dir, a hub id, 'default' or 'random'")
+    add_model_head(p, "random")
     p.add_argument("--prompt", required=True, help="user message (chat template applied)")
-    p.add_argument("--method", choices=["ar", "eagle3"], default="eagle3")
+    p.add_argument("--method", choices=["ar", "eagle3"], default="eagle3", help="ar: plain autoregressive decoding; eagle3: speculative decoding with the head")
     p.add_argument("--depth", type=int, default=8, help="D: draft forwards per cycle")
     p.add_argument("--width", type=int, default=10, help="W: EAGLE top_k")
     p.add_argument("--verify-size", type=int, default=60, help="V: tokens verified per cycle, root included")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (EAGLE's lossless q = 1 rule)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (and a random head's seed)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate after the prompt")
     add_device_dtype(p)
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt text as-is")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
@@ -46,7 +45,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 def add_datasets(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("datasets", help="list the built-in prompt datasets and their sizes")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run_datasets)
 
 
@@ -86,7 +85,7 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-feature-cache", action="store_true", help="recompute target features every epoch")
     p.add_argument("--no-init-from-target", action="store_true", help="random lm_head instead of the target's rows")
     p.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints (default 500)")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seed of the head's initialisation and the data order (default 0)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if present)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="the target's dtype for the training features (default float32; the generation copy "

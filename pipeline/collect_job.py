@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from pipeline.cliargs import add_device_dtype
+from pipeline.cliargs import add_device_dtype, add_model_head, add_split, parse_positive_ints
 from pipeline.collect import CollectConfig, collect_prompt
 from pipeline.errors import DraftGymError
 from pipeline.schema import (SCHEMA_VERSION, SEQUENCES, partition_dir, positions_schema, write_atomic,
@@ -71,7 +71,7 @@ def remove_orphans(out: Path, cfg: CollectConfig, dataset: str) -> int:
 class CollectorActor:
     """Holds one model copy; processes prompt batches; writes shards; returns one summary row each."""
 
-    def __init__(self, cfg_json: str, out: str, env_json: str, device: str | None = None, fail_after: int = 0):
+    def __init__(self, cfg_json: str, out: str, device: str | None = None, fail_after: int = 0):
         import torch
 
         from pipeline.engine import Engine
@@ -80,8 +80,11 @@ class CollectorActor:
 
         self.cfg = CollectConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(cfg_json).items()})
         self.out = Path(out)
-        self.env_json = env_json
         self.target = load_target(self.cfg.model, device=device, dtype=self.cfg.dtype)
+        # the fingerprint of the machine this actor runs on (on a cluster, not the driver's); the
+        # driver's own goes into the run manifest
+        from pipeline.fingerprint import environment_fingerprint
+        self.env_json = json.dumps(environment_fingerprint(self.target.device, self.target.dtype))
         self.head = load_head_for(self.cfg.head, self.target.model, self.cfg.seed)
         self.engine = Engine(self.target.model, self.head, self.target.eos_token_ids)
         self.fail_after = fail_after or int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
@@ -146,7 +149,11 @@ def init_ray(num_cpus: int | None = None):
     addr = os.environ.get("RAY_ADDRESS")
     kw = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     if addr:
-        ray.init(address=addr, **kw)
+        try:
+            ray.init(address=addr, **kw)
+        except Exception as e:      # ConnectionError, an auth refusal, a version mismatch: one line, no traceback
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise DraftGymError(f"cannot reach the Ray cluster at RAY_ADDRESS={addr}: {first}") from None
     else:
         ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
     from ray.data import DataContext
@@ -165,7 +172,7 @@ def run_collect(cfg: CollectConfig, out: str | Path, num_actors: int = 1, num_gp
     out = Path(out)
     records = load_prompts(cfg.dataset, split=cfg.split, n=cfg.n_prompts)
     if not records:
-        raise DraftGymError(f"no prompts in {cfg.dataset} split {cfg.split}")
+        raise DraftGymError(f"no prompts in {cfg.dataset}" + (f" split {cfg.split}" if cfg.split else ""))
     datasets = {r.dataset for r in records}
     for ds in datasets:
         remove_orphans(out, cfg, ds)
@@ -195,7 +202,6 @@ def run_collect(cfg: CollectConfig, out: str | Path, num_actors: int = 1, num_gp
         bar.update(1)
         bar.set_postfix(positions=summary["positions"])
 
-    env_json = json.dumps(env)
     try:
         if use_ray:
             ray = init_ray()
@@ -203,12 +209,12 @@ def run_collect(cfg: CollectConfig, out: str | Path, num_actors: int = 1, num_gp
             ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
                 CollectorActor, batch_size=1, compute=ray.data.ActorPoolStrategy(size=num_actors), num_cpus=cpus,
                 num_gpus=num_gpus,
-                fn_constructor_kwargs=dict(cfg_json=cfg.to_json(), out=str(out), env_json=env_json, device=device,
+                fn_constructor_kwargs=dict(cfg_json=cfg.to_json(), out=str(out), device=device,
                                            fail_after=fail_after))
             for row in ds.iter_rows():
                 account(row)
         else:
-            actor = CollectorActor(cfg.to_json(), str(out), env_json, device=device, fail_after=fail_after)
+            actor = CollectorActor(cfg.to_json(), str(out), device=device, fail_after=fail_after)
             for it in items:
                 res = actor({k: [v] for k, v in it.items()})
                 account({k: v[0] for k, v in res.items()})
@@ -222,26 +228,25 @@ def run_collect(cfg: CollectConfig, out: str | Path, num_actors: int = 1, num_gp
 
 def add_collect(sub) -> None:
     p = sub.add_parser("collect", help="log per-position draft trees and acceptance tables (Ray job)")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--head", default="default")
-    p.add_argument("--dataset", default="mt-bench")
-    p.add_argument("--split", default="test", help="train | val | test | all")
-    p.add_argument("--n-prompts", type=int, default=10)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
+    add_model_head(p)
+    p.add_argument("--dataset", default="mt-bench", help="a built-in prompt set (see `draftgym datasets`) or a JSON/JSONL/Parquet file")
+    add_split(p)
+    p.add_argument("--n-prompts", type=int, default=10, help="first N prompts of the split")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="logged continuation length per prompt (episode length)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy continuation; > 0 samples it (and logs acceptance distributions)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (T > 0) and random-head seed")
     p.add_argument("--widths", default="10", help="comma-separated W values")
-    p.add_argument("--max-depth", type=int, default=12)
-    p.add_argument("--position-batch", type=int, default=16)
+    p.add_argument("--max-depth", type=int, default=12, help="deepest tree logged (Dmax): acceptance tables cover D = 1..Dmax")
+    p.add_argument("--position-batch", type=int, default=16, help="roots expanded together in one batched draft forward")
     p.add_argument("--dist-every", type=int, default=1,
                    help="T > 0: log acceptance-length distributions at every k-th position (0 = never; each costs a verify forward)")
-    p.add_argument("--dist-verify-size", type=int, default=60)
-    p.add_argument("--num-actors", type=int, default=1)
+    p.add_argument("--dist-verify-size", type=int, default=60, help="T > 0: V of the tree whose acceptance-length distribution is logged")
+    p.add_argument("--num-actors", type=int, default=1, help="Ray actors (one model copy each)")
     p.add_argument("--num-gpus", type=float, default=None, help="GPUs per actor (default: 1 if CUDA is present)")
     p.add_argument("--no-ray", action="store_true", help="run in-process (debugging)")
     add_device_dtype(p)
-    p.add_argument("--out", default="data/logs")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", default="data/logs", help="logs root (hive-partitioned Parquet)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=_run_collect_cli)
 
 
@@ -250,7 +255,7 @@ def _run_collect_cli(args) -> int:
 
     if args.temperature < 0:
         raise DraftGymError(f"temperature must be >= 0, got {args.temperature}")
-    from pipeline.cliargs import parse_positive_ints
+    from pipeline.datasets import resolve_split
     from pipeline.target import resolve_dtype_name
 
     widths = parse_positive_ints(args.widths, "--widths")
@@ -259,7 +264,7 @@ def _run_collect_cli(args) -> int:
     num_gpus = args.num_gpus if args.num_gpus is not None else (1.0 if torch.cuda.is_available() else 0.0)
     cfg = CollectConfig(model=args.model, head=args.head, dtype=resolve_dtype_name(args.dtype, args.device),
                         dataset=args.dataset,
-                        split=None if args.split == "all" else args.split, n_prompts=args.n_prompts,
+                        split=resolve_split(args.dataset, args.split), n_prompts=args.n_prompts,
                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                         widths=widths, max_depth=args.max_depth, position_batch=args.position_batch,
                         dist_every=args.dist_every, dist_verify_size=args.dist_verify_size)

@@ -97,14 +97,32 @@ def split_of(prompt_id: str, fractions: tuple[float, float, float] = (0.8, 0.1, 
     return "val" if u < fractions[0] + fractions[1] else "test"
 
 
+SPLIT_CHOICES = SPLITS + ("all",)     # what every command's --split takes
+
+
+def resolve_split(name_or_path: str | os.PathLike, split: str | None, builtin_default: str = "test") -> str | None:
+    """The split a prompt-reading command uses, as `load_prompts` takes it (None = every record).
+    'all' -> None. Not given -> `builtin_default` for a built-in set, and the whole file for a user's
+    own file (splitting someone's 20 prompts 80/10/10 by hash is never what they meant)."""
+    if split == "all":
+        return None
+    if split is None:
+        return builtin_default if str(name_or_path) in DATASETS else None
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r} (known: {', '.join(SPLIT_CHOICES)})")
+    return split
+
+
 def load_prompts(name_or_path: str | os.PathLike, split: str | None = None, n: int | None = None) -> list[PromptRecord]:
     """Records of a built-in dataset (one of DATASETS) or a user file, in file order.
 
-    `split` keeps only the records whose `split_of(prompt_id)` matches; `n` then keeps the first n.
-    Built-in records are parsed once per process and shared between calls: do not mutate `messages`.
+    `split` keeps only the records whose `split_of(prompt_id)` matches ('all' or None: every record);
+    `n` then keeps the first n. Built-in records are parsed once per process and shared between
+    calls: do not mutate `messages`.
     """
+    split = None if split == "all" else split
     if split is not None and split not in SPLITS:
-        raise DataError(f"unknown split {split!r} (known: {', '.join(SPLITS)})")
+        raise DataError(f"unknown split {split!r} (known: {', '.join(SPLIT_CHOICES)})")
     if n is not None and n < 0:
         raise DataError(f"n must be >= 0, got {n}")
     key = str(name_or_path)

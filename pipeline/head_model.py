@@ -322,10 +322,14 @@ class Eagle3Head(nn.Module):
     # -- features -----------------------------------------------------------------------------
     def fuse(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Target `output_hidden_states` -> fused features f: 3 x [B, n, H_t] -> [fc_norm] -> fc -> [B, n, H]."""
-        hs = [self._to_head(hidden_states[i]) for i in self.layer_ids]
+        return self.fuse_concat(torch.cat([self._to_head(hidden_states[i]) for i in self.layer_ids], dim=-1))
+
+    def fuse_concat(self, fused: torch.Tensor) -> torch.Tensor:
+        """The three target layers already concatenated [B, n, 3*H_t] -> [fc_norm per layer] -> fc -> [B, n, H]
+        (the trainer's feature cache holds them concatenated)."""
         if self.cfg.fc_norm:
-            hs = [norm(h) for norm, h in zip(self.fc_norm, hs)]
-        return self.fc(torch.cat(hs, dim=-1))
+            fused = torch.cat([norm(h) for norm, h in zip(self.fc_norm, fused.chunk(3, dim=-1))], dim=-1)
+        return self.fc(fused)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -30,7 +30,7 @@ import pyarrow as pa
 import torch
 from tqdm import tqdm
 
-from pipeline.cliargs import add_device_dtype
+from pipeline.cliargs import add_device_dtype, add_model_head, parse_positive_ints
 from pipeline.errors import DraftGymError
 from pipeline.latency import draft_op, time_op, verify_op
 from pipeline.schema import LATENCY, SCHEMA_VERSION, partition_dir, write_atomic
@@ -263,23 +263,21 @@ class InSituSampler:
 
 def add_profile(sub) -> None:
     p = sub.add_parser("profile", help="measure draft/verify/policy/overhead latency on this device")
-    p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--head", default="default")
-    p.add_argument("--widths", default="10")
-    p.add_argument("--verify-sizes", default=",".join(map(str, DEFAULT_VERIFY_SIZES)))
-    p.add_argument("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)))
+    add_model_head(p)
+    p.add_argument("--widths", default="10", help="comma-separated W values to time draft forwards at")
+    p.add_argument("--verify-sizes", default=",".join(map(str, DEFAULT_VERIFY_SIZES)), help="comma-separated V values to time verification at")
+    p.add_argument("--contexts", default=",".join(map(str, DEFAULT_CONTEXTS)), help="comma-separated context lengths")
     p.add_argument("--repeats", type=int, default=5, help="at least this many cycles (in situ) or timed calls (isolated)")
     p.add_argument("--cycle-tokens", type=int, default=24, help="in situ: new tokens per profiling generation")
     p.add_argument("--isolated", action="store_true",
                    help="also time the bare ops in a tight loop (ops verify_isolated / draft_isolated)")
     add_device_dtype(p)
-    p.add_argument("--out", default="data/logs")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", default="data/logs", help="logs root: the profile goes to OUT/latency/")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=_run_profile_cli)
 
 
 def _run_profile_cli(args) -> int:
-    from pipeline.cliargs import parse_positive_ints
 
     if args.head not in ("random", "default"):
         from pipeline.head import resolve_head_dir

@@ -436,7 +436,7 @@ def add_query(sub: argparse._SubParsersAction) -> None:
                                      "cycles, acceptance_long")
     p.add_argument("sql", nargs="?", help="a DuckDB SQL query over the views")
     p.add_argument("--logs", default=None, help=f"logs directory (default ${LOGS_ENV} or {DEFAULT_LOGS})")
-    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
     p.add_argument("--example", metavar="NAME", help="run a named example query (see --list-examples)")
     p.add_argument("--list-examples", action="store_true", help="list the example queries and exit")
     p.add_argument("--show-sql", action="store_true", help="print the SQL that runs (to stderr)")

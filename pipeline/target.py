@@ -51,9 +51,12 @@ def cpu_has_bf16_units() -> bool:
 
 
 def default_cpu_dtype() -> torch.dtype:
-    """The CPU default: `$DRAFTGYM_CPU_DTYPE` (float32 | bfloat16 | float16 | auto), else float32.
-    'auto' = bfloat16 where the CPU has bf16 units, else float32 (BENCHMARKS.md H2 measures both)."""
-    v = os.environ.get(CPU_DTYPE_ENV, "float32").strip().lower()
+    """The CPU default: `$DRAFTGYM_CPU_DTYPE` (float32 | bfloat16 | float16 | auto), default auto.
+    auto = bfloat16 where the CPU has bf16 matrix units (AMX-BF16 / AVX512-BF16), else float32.
+    Why: on a Xeon with AMX, bf16 decoded AR 1.15x and the best static tree 1.25x faster than fp32 with
+    packed oneDNN linears, a 64-token verify cost 1.78x an AR step against 3.03x, and no output was a
+    mismatch (BENCHMARKS.md H2). Without bf16 units bf16 is emulated and slow, so fp32 stays."""
+    v = os.environ.get(CPU_DTYPE_ENV, "auto").strip().lower()
     if v == "auto":
         return torch.bfloat16 if cpu_has_bf16_units() else torch.float32
     if v not in DTYPE_NAMES:
@@ -173,7 +176,7 @@ def load_target(name_or_path: str = EMBEDDED_DEFAULT, device: str | torch.device
     """Load a causal LM and its tokenizer.
 
     name_or_path: 'smollm2-135m' (embedded default), a local HF model directory, or a hub id.
-    device: default cuda when available, else cpu. dtype: default bf16 on GPU, fp32 on CPU.
+    device: default cuda when available, else cpu. dtype: default bf16 on a GPU, `default_cpu_dtype()` on a CPU.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging

@@ -388,7 +388,7 @@ def ttt_loss(head: Eagle3Head, ids: torch.Tensor, lens: torch.Tensor, prompt_len
     total = torch.zeros((), device=dev)
     ks, vs, mask = [], [], None
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-        hidden = head.fc(fused)                                         # [B, T, H]
+        hidden = head.fuse_concat(fused)                                # [B, T, H] (fc_norm too, if the head has it)
         for i in range(K):
             if i == 0:
                 idx = pos_all

@@ -20,6 +20,9 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default=None, help="comma-separated datasets (default: all)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="the logs' compute dtype (default: the only one); the latency profile must be of the same dtype")
+    p.add_argument("--latency-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="time the replay with a latency profile of this dtype instead of the logs' own (a transfer "
+                        "experiment: one set of acceptance logs, another device or dtype's clock)")
     p.add_argument("--profile", default=None, help="latency profile_id (default: the newest of the logs' dtype)")
     p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
 
@@ -45,15 +48,15 @@ def _run_evaluate(args) -> int:
 def add_train(sub) -> None:
     p = sub.add_parser("train", help="train a policy in the replay simulator (radar | ltd | resps)")
     _logs_args(p)
-    p.add_argument("--method", required=True, choices=["radar", "ltd", "resps"])
+    p.add_argument("--method", required=True, choices=["radar", "ltd", "resps"], help="radar (REINFORCE stop/continue), ltd (PPO depth + size), resps (PPO tree shape, held N cycles)")
     p.add_argument("--out", required=True, help="policy directory (checkpoint + manifest.json + curve PNG)")
     p.add_argument("--steps", type=int, default=None,
                    help="budget: ltd = depth env steps per depth phase (size phases get a quarter; default 200k); "
                         "radar = gradient steps (default 3000); resps = decisions (default 30k)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="training seed (nets, rollouts)")
     p.add_argument("--split", default="train", help="training split (validation uses val when present)")
     p.add_argument("--width", type=int, default=None, help="W (default 10 when logged)")
-    p.add_argument("--n-envs", type=int, default=None)
+    p.add_argument("--n-envs", type=int, default=None, help="parallel replay environments (default: the method's own)")
     p.add_argument("--iters", default=None, help="ltd: co-adaptation iterations to run, e.g. 0,1,2,3 (default all)")
     p.add_argument("--action-space", default="seeds", choices=["seeds", "wide"],
                    help="seeds: the papers' action sets (design.md); wide: adds shallow/small trees "
@@ -62,8 +65,8 @@ def add_train(sub) -> None:
     p.add_argument("--verify-size", type=int, default=None,
                    help="V for RADAR and LTD's Iter0 depth phase (default 60; with --action-space wide, "
                         "the grid-best static V on the training split)")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run_train)
 
 
@@ -84,12 +87,12 @@ def _run_train(args) -> int:
 
 def add_synth(sub) -> None:
     p = sub.add_parser("synth-logs", help="write synthetic logs with the real schemas (tests, demos)")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="output logs root")
     p.add_argument("--n-sequences", type=int, default=10, help="per dataset")
-    p.add_argument("--widths", default="10")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--latency-profile", default="cpu", choices=["cpu", "gpu", "none"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--widths", default="10", help="comma-separated W values")
+    p.add_argument("--temperature", type=float, default=0.0, help="the logs' temperature partition")
+    p.add_argument("--latency-profile", default="cpu", choices=["cpu", "gpu", "none"], help="synthetic latency profile shape")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the synthetic data")
     p.set_defaults(func=_run_synth)
 
 
@@ -109,11 +112,11 @@ def _run_synth(args) -> int:
 
 def add_latency_report(sub) -> None:
     p = sub.add_parser("latency-report", help="fit report (and plot) of the latency model of a logs root")
-    p.add_argument("--logs", required=True)
-    p.add_argument("--model", default=None)
-    p.add_argument("--profile", default=None)
+    p.add_argument("--logs", required=True, help="logs root holding latency/")
+    p.add_argument("--model", default=None, help="model partition (default: the only one)")
+    p.add_argument("--profile", default=None, help="latency profile_id (default: the newest)")
     p.add_argument("--plot", default=None, help="write a PNG of measured points and interpolated curves")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run_latency_report)
 
 

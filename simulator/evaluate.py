@@ -62,9 +62,11 @@ def metrics(res: SimResult, ref: dict[str, SimResult], groups: dict[str, np.ndar
 
 def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | None = None, model: str | None = None,
              temperature: float | None = None, datasets=None, profile: str | None = None,
-             latency_root: str | Path | None = None, tune_split: str | None = "auto", dtype: str | None = None) -> dict:
+             latency_root: str | Path | None = None, tune_split: str | None = "auto", dtype: str | None = None,
+             latency_dtype: str | None = None) -> dict:
     all_logs = load_logs(logs_root, model=model, temperature=temperature, datasets=datasets, widths="all", dtype=dtype)
-    lat = LatencyModel.from_logs(latency_root or logs_root, model=all_logs.model, profile=profile, dtype=all_logs.dtype)
+    lat = LatencyModel.from_logs(latency_root or logs_root, model=all_logs.model, profile=profile,
+                                 dtype=latency_dtype or all_logs.dtype)
     ev = all_logs.select(split)
     if ev.n_sequences == 0:
         raise DataError(f"no sequences in split {split!r} (splits: {sorted(set(all_logs.split.tolist()))})")
@@ -136,7 +138,7 @@ def print_report(rep: dict, console=None) -> None:
 def run_evaluate(args) -> int:
     rep = evaluate(args.logs, split=args.split, policies=args.policy, model=args.model, temperature=args.temperature,
                    datasets=args.dataset, profile=args.profile, latency_root=args.latency, tune_split=args.tune_split,
-                   dtype=getattr(args, "dtype", None))
+                   dtype=getattr(args, "dtype", None), latency_dtype=getattr(args, "latency_dtype", None))
     if args.json:
         print(json.dumps(rep, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
     else:

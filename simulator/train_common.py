@@ -22,10 +22,11 @@ class TrainData:
 
 def load_training_data(logs_root, model=None, temperature=None, datasets=None, split: str = "train",
                        width: int | None = None, widths=None, profile=None, latency_root=None,
-                       dtype: str | None = None) -> TrainData:
+                       dtype: str | None = None, latency_dtype: str | None = None) -> TrainData:
     logs = load_logs(logs_root, model=model, temperature=temperature, datasets=datasets, width=width, widths=widths,
                      dtype=dtype)
-    lat = LatencyModel.from_logs(latency_root or logs_root, model=logs.model, profile=profile, dtype=logs.dtype)
+    lat = LatencyModel.from_logs(latency_root or logs_root, model=logs.model, profile=profile,
+                                 dtype=latency_dtype or logs.dtype)
     train = logs.select(split)
     if train.n_sequences == 0:
         raise DataError(f"no sequences in training split {split!r} (splits: {sorted(set(logs.split.tolist()))})")

@@ -152,7 +152,8 @@ def run_cli(args) -> int:
     t0 = time.perf_counter()
     data = load_training_data(args.logs, args.model, args.temperature, args.dataset, args.split, args.width,
                               profile=args.profile, latency_root=args.latency,
-                              dtype=getattr(args, "dtype", None))
+                              dtype=getattr(args, "dtype", None),
+                              latency_dtype=getattr(args, "latency_dtype", None))
     cfg = config_from_args(args, data)
     if args.steps:
         cfg = replace(cfg, depth_steps=args.steps, size_steps=max(2048, args.steps // 4))

@@ -112,7 +112,8 @@ def run_cli(args) -> int:
     t0 = time.perf_counter()
     data = load_training_data(args.logs, args.model, args.temperature, args.dataset, args.split, args.width,
                               profile=args.profile, latency_root=args.latency,
-                              dtype=getattr(args, "dtype", None))
+                              dtype=getattr(args, "dtype", None),
+                              latency_dtype=getattr(args, "latency_dtype", None))
     cfg = RadarConfig(width=data.train.width, seed=args.seed)
     cfg = replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size))
     if args.steps:

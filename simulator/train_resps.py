@@ -55,7 +55,8 @@ def run_cli(args) -> int:
     t0 = time.perf_counter()
     data = load_training_data(args.logs, args.model, args.temperature, args.dataset, args.split, args.width,
                               widths="all", profile=args.profile, latency_root=args.latency,
-                              dtype=getattr(args, "dtype", None))
+                              dtype=getattr(args, "dtype", None),
+                              latency_dtype=getattr(args, "latency_dtype", None))
     cfg = ResSpSConfig(seed=args.seed, action_space=getattr(args, "action_space", "seeds"))
     if args.steps:
         cfg = replace(cfg, steps=args.steps)

@@ -161,6 +161,20 @@ def test_split_fractions_and_filtering():
     assert len(load_prompts("gsm8k", n=0)) == 0
     with pytest.raises(DataError, match="unknown split"):
         load_prompts("gsm8k", split="dev")
+    assert load_prompts("gsm8k", split="all") == allg                       # one split vocabulary everywhere
+
+
+def test_resolve_split_defaults(tmp_path):
+    """A user's own file is used whole unless --split is given; built-in sets default to test."""
+    from pipeline.datasets import resolve_split
+
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"prompt": "a"}\n')
+    assert resolve_split("mt-bench", None) == "test" and resolve_split("mt-bench", None, "train") == "train"
+    assert resolve_split(str(f), None) is None and resolve_split(str(f), "val") == "val"
+    assert resolve_split("mt-bench", "all") is None
+    with pytest.raises(DataError, match="unknown split 'dev'"):
+        resolve_split("mt-bench", "dev")
 
 
 # ---------------------------------------------------------------------------------- user files

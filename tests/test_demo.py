@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from online import demo
 
 
-def test_demo_chain_tiny(tmp_path, tiny_model_dir, capsys):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_demo_chain_tiny(tmp_path, tiny_model_dir, capsys, dtype):
     out = tmp_path / "demo"
     rc = demo.main(["--model", str(tiny_model_dir), "--head", "random", "--out", str(out), "--train-prompts", "2",
                     "--test-prompts", "1", "--max-new-tokens", "8", "--ltd-steps", "2048", "--no-ray",
-                    "--verify-sizes", "1,4,16,60", "--contexts", "16,64"])
+                    "--verify-sizes", "1,4,16,60", "--contexts", "16,64", "--dtype", dtype])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "[9/9] draftgym validate" in printed and "demo finished" in printed
     rep = json.loads((out / "report" / "report.json").read_text())
     assert set(rep["datasets"]) == {"mt-bench", "humaneval"}
+    assert rep["dtype"] == dtype and rep["device"].endswith(f"[{dtype}]") and rep["environment"]["dtype"] == dtype
     for e in rep["datasets"].values():
         assert e["lossless"] and "ltd" in e["methods"]
+        assert e["lossless_counts"]["mismatch"] == 0 and sum(e["lossless_counts"].values()) == 3   # 3 EAGLE-3 methods
+        if dtype == "float32":
+            assert e["lossless_counts"]["exact"] == 3
     assert (out / "policies" / "ltd" / "manifest.json").is_file()
     assert list((out / "logs" / "latency").rglob("*-policies-*.parquet"))      # profile-policy ran
     # validate re-profiled right before decoding and once between the generations, into the report
