@@ -14,6 +14,13 @@ Per prompt:
   3. one head forward over all entries (f_t, x_{t+1}) -> the head's KV and each root's output;
   4. batched tree expansion for chunks of positions at once (positions x beams in one forward);
   5. the acceptance table L[D, V] from ranks of the on-path nodes (selections are nested in V).
+
+`collect_prompt` does this for one prompt at batch 1 (the reference). `collect_prompts` does it for
+many: continuations from the batched generator (pipeline/batch_generate.py, optional disk cache),
+one teacher-forced forward and one head forward per group of prompts (right-padded), and chunks of
+roots from several prompts expanded together over a packed head prefix (no per-root KV copy). Its
+logs equal collect_prompt's row for row (tests/test_batch_generate.py). At T > 0 prompt i samples
+with seed `prompt_seed(cfg.seed, prompt_ids)`, in both.
 """
 from __future__ import annotations
 
@@ -25,8 +32,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from pipeline.batch_generate import ContinuationCache, generate_batch
 from pipeline.draft import expand_tree
 from pipeline.engine import Engine
+from pipeline.errors import DraftGymError
 from pipeline.head import Eagle3Head
 from pipeline.schema import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID, SCHEMA_VERSION
 from pipeline.tree import rank_nodes, tree_from_nodes
@@ -75,21 +84,44 @@ class PromptLog:
     positions: dict = field(default_factory=dict)   # width -> {column -> array}, one row per position
 
 
-def generate_continuation(engine: Engine, prompt_ids: list[int], cfg: CollectConfig, lookahead: int):
-    """The logged continuation y: T = max_new_tokens tokens (or fewer, up to EOS), plus up to
-    `lookahead` more so the acceptance of trees rooted near the end is exact."""
-    eos = engine.eos
-    engine.eos = set()                                   # run past EOS; we cut ourselves
-    try:
-        # AR, not EAGLE-3: the reference output itself, at a cost that does not depend on the head
-        res = engine.generate_ar(prompt_ids, cfg.max_new_tokens + lookahead, cfg.temperature, cfg.seed)
-    finally:
-        engine.eos = eos
-    y = res.output_ids
+def prompt_seed(seed: int, prompt_ids) -> int:
+    """The sampling seed of one prompt's continuation: the first 63 bits of sha1(cfg.seed, prompt ids).
+    It depends on the prompt's tokens only, not on its index, batch, shard or resume order, so
+    `collect_prompt`, `collect_prompts` and any Ray sharding sample the same continuation, and two
+    prompts never share one random stream (unless they are the same prompt)."""
+    blob = json.dumps([int(seed), [int(t) for t in prompt_ids]]).encode()
+    return int.from_bytes(hashlib.sha1(blob).digest()[:8], "big") >> 1
+
+
+def _cut(y: list[int], cfg: CollectConfig, eos: set[int]):
+    """y generated past EOS -> (y, T, stop): cut after the first EOS among the first T tokens."""
     cut = next((i for i, t in enumerate(y[: cfg.max_new_tokens]) if t in eos), None)
     if cut is not None:
         return y[: cut + 1], cut + 1, "eos"
     return y, cfg.max_new_tokens, "max_new_tokens"
+
+
+def generate_continuation(engine: Engine, prompt_ids: list[int], cfg: CollectConfig, lookahead: int):
+    """The logged continuation y: T = max_new_tokens tokens (or fewer, up to EOS), plus up to
+    `lookahead` more so the acceptance of trees rooted near the end is exact. Batch 1 (the reference)."""
+    eos = engine.eos
+    engine.eos = set()                                   # run past EOS; we cut ourselves
+    try:
+        # AR, not EAGLE-3: the reference output itself, at a cost that does not depend on the head
+        res = engine.generate_ar(prompt_ids, cfg.max_new_tokens + lookahead, cfg.temperature,
+                                 prompt_seed(cfg.seed, prompt_ids))
+    finally:
+        engine.eos = eos
+    return _cut(res.output_ids, cfg, eos)
+
+
+def generate_continuations(engine: Engine, prompts: list[list[int]], cfg: CollectConfig, lookahead: int,
+                           cache: ContinuationCache | None = None, batch_size: int = 16):
+    """generate_continuation for many prompts with the batched generator: [(y, T, stop), ...]."""
+    conts = generate_batch(engine.model, prompts, cfg.max_new_tokens + lookahead, cfg.temperature,
+                           [prompt_seed(cfg.seed, p) for p in prompts], engine.eos, run_past_eos=True,
+                           batch_size=batch_size, cache=cache)
+    return [_cut(c.output_ids, cfg, engine.eos) for c in conts]
 
 
 def acceptance_table(pool, cont: torch.Tensor, max_depth: int, grid: torch.Tensor) -> torch.Tensor:
@@ -176,8 +208,49 @@ def acceptance_dist(model, cache, pool, b: int, root_token: int, n: int, max_dep
     return out
 
 
+COLUMNS = ("position", "context_len", "width", "root_token", "acceptance", "beam_scores", "candidate_scores", "entropy")
+
+
+def root_columns(pool, p: torch.Tensor, n: torch.Tensor, y_t: torch.Tensor, W: int, cfg: CollectConfig,
+                 grid: torch.Tensor) -> dict[str, np.ndarray]:
+    """The logged columns of B roots (one row each) from their expanded pool.
+
+    p: [B] root positions in y; n: [B] context lengths (the root y_p sits at sequence index n);
+    y_t: [B, T + Dmax + 1] each root's own continuation, padded with -1."""
+    B = len(p)
+    pool_cpu = type(pool)(pool.tokens.cpu(), pool.scores.cpu(), pool.parents.cpu(), pool.depths.cpu(), pool.width, [])
+    cont = torch.stack([y_t[torch.arange(B), p + j] for j in range(1, cfg.max_depth + 1)], dim=1)   # [B, Dmax]
+    L = acceptance_table(pool_cpu, cont, cfg.max_depth, grid)                # [B, Dmax, n_grid]
+    beam = np.full((B, cfg.max_depth, W), np.nan, np.float32)
+    cand = np.full((B, cfg.max_depth, W * W), np.nan, np.float32)
+    ent = np.full((B, cfg.max_depth, W), np.nan, np.float32)
+    for d, st in enumerate(pool.steps):
+        beam[:, d, : st["beam_scores"].shape[1]] = st["beam_scores"].float().cpu().numpy()
+        cand[:, d, : st["candidate_scores"].shape[1]] = st["candidate_scores"].float().cpu().numpy()
+        ent[:, d, : st["entropy"].shape[1]] = st["entropy"].float().cpu().numpy()
+    return {"position": p.numpy(), "context_len": n.numpy(), "width": np.full(B, W),
+            "root_token": y_t[torch.arange(B), p].numpy(), "acceptance": L.reshape(B, -1).numpy(),
+            "beam_scores": beam.reshape(B, -1), "candidate_scores": cand.reshape(B, -1), "entropy": ent.reshape(B, -1)}
+
+
+def _dist(engine: Engine, cache, pool, i: int, y: list[int], p: int, n: int, cfg: CollectConfig):
+    """T > 0: root i's acceptance distributions [Dmax * (Dmax+1)], or None where subsampled out."""
+    if p % cfg.dist_every:
+        return None
+    return acceptance_dist(engine.model, cache, pool, i, y[p], n, cfg.max_depth, cfg.dist_verify_size,
+                           cfg.temperature).reshape(-1)
+
+
+def _assemble(chunks: list[dict], dists: list, with_dist: bool) -> dict:
+    out = {k: (np.concatenate([c[k] for c in chunks]) if chunks else np.zeros(0)) for k in COLUMNS}
+    if with_dist:
+        out["accept_dist"] = dists                                   # list of arrays / None
+    return out
+
+
 @torch.inference_mode()
 def collect_prompt(engine: Engine, head: Eagle3Head, prompt_ids: list[int], cfg: CollectConfig) -> PromptLog:
+    """One prompt at batch 1 (the reference for `collect_prompts`)."""
     dev = engine.device
     y, T, stop = generate_continuation(engine, prompt_ids, cfg, lookahead=cfg.max_depth)
     full = list(prompt_ids) + y
@@ -196,45 +269,112 @@ def collect_prompt(engine: Engine, head: Eagle3Head, prompt_ids: list[int], cfg:
     entry_ids = torch.arange(N - 1, device=dev)
     per_width = {}
     for W in cfg.widths:
-        cols: dict[str, list] = {k: [] for k in ("position", "context_len", "width", "root_token", "acceptance",
-                                                 "beam_scores", "candidate_scores", "entropy", "accept_dist")}
+        chunks, dists = [], []
         for start in range(0, len(positions), cfg.position_batch):
             p = torch.from_numpy(positions[start : start + cfg.position_batch])   # [B]
-            B = len(p)
             n = P + p                                                   # root y_p sits at sequence index n
             root_entry = (n - 1).to(dev)                                # entry (f_{n-1}, x_n)
             prefix_mask = entry_ids[None, :] <= root_entry[:, None]     # [B, N-1]
             pool = expand_tree(head, kv, prefix_mask, g[0, root_entry], dlogits[0, root_entry], root_entry,
                                W, cfg.max_depth, context_len=n.tolist())
-            pool_cpu = type(pool)(pool.tokens.cpu(), pool.scores.cpu(), pool.parents.cpu(), pool.depths.cpu(),
-                                  pool.width, [])
-            cont = torch.stack([y_t[p + j] for j in range(1, cfg.max_depth + 1)], dim=1)   # [B, Dmax]
-            L = acceptance_table(pool_cpu, cont, cfg.max_depth, grid)  # [B, Dmax, n_grid]
-            beam = np.full((B, cfg.max_depth, W), np.nan, np.float32)
-            cand = np.full((B, cfg.max_depth, W * W), np.nan, np.float32)
-            ent = np.full((B, cfg.max_depth, W), np.nan, np.float32)
-            for d, st in enumerate(pool.steps):
-                beam[:, d, : st["beam_scores"].shape[1]] = st["beam_scores"].float().cpu().numpy()
-                cand[:, d, : st["candidate_scores"].shape[1]] = st["candidate_scores"].float().cpu().numpy()
-                ent[:, d, : st["entropy"].shape[1]] = st["entropy"].float().cpu().numpy()
-            if with_dist:  # [B] entries: [Dmax, Dmax+1] arrays, or None for positions subsampled out
-                cols["accept_dist"].append([
-                    acceptance_dist(engine.model, cache, pool, i, y[int(pi)], int(n[i]), cfg.max_depth,
-                                    cfg.dist_verify_size, cfg.temperature).reshape(-1)
-                    if int(pi) % cfg.dist_every == 0 else None for i, pi in enumerate(p)])
-            cols["position"].append(p.numpy())
-            cols["context_len"].append(n.numpy())
-            cols["width"].append(np.full(B, W))
-            cols["root_token"].append(np.array([y[i] for i in p.tolist()]))
-            cols["acceptance"].append(L.reshape(B, -1).numpy())
-            cols["beam_scores"].append(beam.reshape(B, -1))
-            cols["candidate_scores"].append(cand.reshape(B, -1))
-            cols["entropy"].append(ent.reshape(B, -1))
-        dist = [d for chunk in cols.pop("accept_dist") for d in chunk]
-        per_width[W] = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in cols.items()}
-        if with_dist:
-            per_width[W]["accept_dist"] = dist                          # list of arrays / None
+            chunks.append(root_columns(pool, p, n, y_t.expand(len(p), -1), W, cfg, grid))
+            if with_dist:
+                dists += [_dist(engine, cache, pool, i, y, int(pi), int(n[i]), cfg) for i, pi in enumerate(p)]
+        per_width[W] = _assemble(chunks, dists, with_dist)
     return PromptLog(output_tokens=y, new_tokens=T, stop_reason=stop, positions=per_width)
+
+
+@torch.inference_mode()
+def collect_prompts(engine: Engine, head: Eagle3Head, prompts: list[list[int]], cfg: CollectConfig,
+                    continuations: list | None = None, batch_size: int = 8,
+                    cache: ContinuationCache | None = None) -> list[PromptLog]:
+    """collect_prompt for many prompts, batched; row for row the same logs (up to fp rounding).
+
+    continuations: [(y, T, stop), ...] from `generate_continuations`, or None to generate them here
+    (batched, seeds from `prompt_seed`, so equal to collect_prompt's batch-1 continuations).
+    Per group of `batch_size` prompts:
+      - one teacher-forced target forward over the right-padded sequences [G, N_max]: position ids are
+        the natural ones and causal attention never reaches the padding after a row, so no mask;
+      - one head forward over the right-padded entries [G, N_max - 1];
+      - the head KV packed once into one sequence [1, n_kv, sum_r (N_r - 1), d] (prompt r at offset o_r);
+        a root of prompt r at sequence index n sees the packed entries o_r <= e <= o_r + n - 1 (a
+        block-diagonal prefix mask), so chunks of `position_batch` roots from several prompts expand
+        in one forward without copying any prefix KV per root (expand_tree broadcasts the [1, ...] KV).
+    """
+    if continuations is None:
+        continuations = generate_continuations(engine, prompts, cfg, cfg.max_depth, cache=cache)
+    if len(continuations) != len(prompts):
+        raise DraftGymError(f"{len(continuations)} continuations for {len(prompts)} prompts")
+    logs = []
+    for g0 in range(0, len(prompts), batch_size):
+        logs += _collect_group(engine, head, prompts[g0 : g0 + batch_size], continuations[g0 : g0 + batch_size], cfg)
+    return logs
+
+
+def _collect_group(engine: Engine, head: Eagle3Head, prompts, conts, cfg: CollectConfig) -> list[PromptLog]:
+    from transformers import DynamicCache
+
+    dev, G = engine.device, len(prompts)
+    fulls = [list(p) + c[0] for p, c in zip(prompts, conts)]
+    Ns = [len(f) for f in fulls]
+    Nmax = max(Ns)
+    ids = torch.tensor([f + [0] * (Nmax - len(f)) for f in fulls], device=dev)              # [G, N_max] right-padded
+    cache = DynamicCache(config=engine.model.config)
+    with_dist = cfg.temperature > 0 and cfg.dist_every > 0
+    out = engine.model(input_ids=ids, position_ids=torch.arange(Nmax, device=dev)[None].expand(G, -1),
+                       past_key_values=cache if with_dist else None, use_cache=with_dist, output_hidden_states=True,
+                       logits_to_keep=1)                                                      # logits unused
+    feats = head.fuse(tuple(h[:, : Nmax - 1] for h in out.hidden_states))                    # [G, N_max-1, H]
+    g, dlogits, (hk, hv) = head(ids[:, 1:], feats, torch.arange(Nmax - 1, device=dev))        # [G, N_max-1, .]
+    # pack the head KV: prompt r's entries 0..N_r-2 at offsets o_r
+    off = np.concatenate([[0], np.cumsum([N - 1 for N in Ns])])                              # [G+1]
+    pk = torch.cat([hk[r : r + 1, :, : Ns[r] - 1] for r in range(G)], 2)                      # [1, n_kv, S, d]
+    pv = torch.cat([hv[r : r + 1, :, : Ns[r] - 1] for r in range(G)], 2)
+    # roots: (prompt r, position p) for p = 0 .. T_r - 2, prompt-major
+    ri = np.concatenate([np.full(max(c[1] - 1, 0), r) for r, c in enumerate(conts)]).astype(np.int64)
+    pp = np.concatenate([np.arange(max(c[1] - 1, 0)) for c in conts]).astype(np.int64)
+    P = torch.tensor([len(p) for p in prompts])
+    y_t = torch.full((G, Nmax + cfg.max_depth + 2), -1, dtype=torch.long)                     # [G, .] y, -1 padded
+    for r, c in enumerate(conts):
+        y_t[r, : len(c[0])] = torch.tensor(c[0], dtype=torch.long)
+    row_caches: dict[int, DynamicCache] = {}
+
+    def row_cache(r: int):
+        """T > 0: prompt r's own batch-1 teacher-forced cache (a copy of its row, made once)."""
+        if r not in row_caches:
+            c = DynamicCache(config=engine.model.config)
+            for li, layer in enumerate(cache.layers):
+                c.update(layer.keys[r : r + 1, :, : Ns[r]].clone(), layer.values[r : r + 1, :, : Ns[r]].clone(), li)
+            row_caches[r] = c
+        return row_caches[r]
+
+    grid = torch.tensor(cfg.verify_grid)
+    per_prompt = [dict() for _ in range(G)]
+    for W in cfg.widths:
+        chunks: list[list[dict]] = [[] for _ in range(G)]
+        dists: list[list] = [[] for _ in range(G)]
+        for start in range(0, len(ri), cfg.position_batch):
+            r_np, p_np = ri[start : start + cfg.position_batch], pp[start : start + cfg.position_batch]
+            r, p = torch.from_numpy(r_np), torch.from_numpy(p_np)                            # [B]
+            n = P[r] + p                                                                     # root y_p at index n
+            lo, hi = int(off[r_np[0]]), int(off[r_np[-1] + 1])                              # the chunk's prompts
+            e = torch.arange(lo, hi)                                                         # packed entries
+            first = torch.from_numpy(off[r_np])                                              # [B] o_r
+            prefix_mask = (e[None, :] >= first[:, None]) & (e[None, :] <= (first + n - 1)[:, None])  # [B, S_chunk]
+            rd, ed = r.to(dev), (n - 1).to(dev)                                              # entry (f_{n-1}, x_n)
+            pool = expand_tree(head, (pk[:, :, lo:hi], pv[:, :, lo:hi]), prefix_mask.to(dev), g[rd, ed],
+                               dlogits[rd, ed], ed, W, cfg.max_depth, context_len=n.tolist())
+            cols = root_columns(pool, p, n, y_t[r], W, cfg, grid)
+            for q in np.unique(r_np):                                                        # split rows by prompt
+                sel = r_np == q
+                chunks[q].append({k: v[sel] for k, v in cols.items()})
+                if with_dist:
+                    dists[q] += [_dist(engine, row_cache(int(q)), pool, i, conts[q][0], int(p_np[i]), int(n[i]), cfg)
+                                 for i in np.nonzero(sel)[0]]
+        for q in range(G):
+            per_prompt[q][W] = _assemble(chunks[q], dists[q], with_dist)
+    return [PromptLog(output_tokens=c[0], new_tokens=c[1], stop_reason=c[2], positions=per_prompt[q])
+            for q, c in enumerate(conts)]
 
 
 def replay_static(acceptance: np.ndarray, new_tokens: int, depth: int, verify_size: int,

@@ -1,228 +1,190 @@
 """`draftgym collect`: the Ray Data job that runs `collect_prompt` over a prompt set.
 
-One actor = one model copy (target + head). Ray runs embedded and local by default, or on the
-cluster named by RAY_ADDRESS. Each actor writes its own shards atomically (temp file + rename):
-
-    positions/<partition>/<run_key>-<prompt_hash>-w<W>.parquet    (one per width)
-    sequences/<partition>/<run_key>-<prompt_hash>.parquet         (written last: the commit marker)
+One actor = one model copy (target + head), see pipeline/collect_actor.py for the shards it writes.
+Ray runs embedded and local by default, or on the cluster named by RAY_ADDRESS (pipeline/cluster.py:
+the code and environment travel in a runtime_env; the pool is sized from the cluster's resources).
+`--out` is a local path or a pyarrow filesystem URI (file://, s3://, gs://), resolved here on the
+driver (pipeline/storage.py); actors write through that filesystem, and the resume and orphan
+checks below and the run manifest (`_runs/<run_key>.json`) go through it too.
 
 Resume and idempotence: `run_key` hashes the data-defining config, so rerunning the same command
 finds the prompts whose sequences shard exists and skips them; shard names are deterministic, so a
 redone prompt overwrites rather than duplicates; positions shards without a sequences shard (a
 killed actor) are deleted at start. The table then holds exactly one row per (sequence, position,
-width).
+width). Prompts with a failures row are skipped too (and reported) unless `retry_failed`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.cliargs import add_device_dtype, add_model_head, add_split, parse_positive_ints
-from pipeline.collect import CollectConfig, collect_prompt
+from pipeline.collect import CollectConfig
+from pipeline.collect_actor import (FAIL_AFTER_ENV, FAIL_PROMPT_ENV, CollectorActor, prompt_hash, shard_paths,
+                                    table_dir)
+from pipeline.cluster import check_actor_options, init_ray, node_resources, plan_actors
 from pipeline.errors import DraftGymError
-from pipeline.schema import (SCHEMA_VERSION, SEQUENCES, partition_dir, positions_schema, write_atomic,
-                             write_json_atomic)
+from pipeline.storage import LogStore, resolve_out
 
-FAIL_AFTER_ENV = "DRAFTGYM_FAIL_AFTER"   # tests: an actor raises after this many prompts
-
-
-def prompt_hash(prompt_id: str) -> str:
-    return hashlib.sha1(prompt_id.encode()).hexdigest()[:16]
+__all__ = ["run_collect", "done_hashes", "failed_prompts", "remove_orphans", "shard_paths", "init_ray", "add_collect"]
 
 
-def shard_paths(out: Path, cfg: CollectConfig, dataset: str, prompt_id: str) -> tuple[Path, dict[int, Path]]:
-    key, h = cfg.run_key(), prompt_hash(prompt_id)
-    seq = partition_dir(out, "sequences", cfg.model, dataset, cfg.temperature) / f"{key}-{h}.parquet"
-    pos = {W: partition_dir(out, "positions", cfg.model, dataset, cfg.temperature) / f"{key}-{h}-w{W}.parquet"
-           for W in cfg.widths}
-    return seq, pos
-
-
-def done_hashes(out: Path, cfg: CollectConfig, dataset: str) -> set[str]:
-    """Prompt hashes of this run_key whose sequences shard exists (committed prompts)."""
-    d = partition_dir(out, "sequences", cfg.model, dataset, cfg.temperature)
+def _hashes(store: LogStore, table: str, cfg: CollectConfig, dataset: str) -> dict[str, str]:
+    """{prompt_hash: file name} of this run_key's shards of one table (sequences or failures)."""
     key = cfg.run_key()
-    return {p.stem.split("-", 1)[1] for p in d.glob(f"{key}-*.parquet")} if d.is_dir() else set()
+    return {name[len(key) + 1: -len(".parquet")]: name
+            for name in store.list_files(table_dir(store, table, cfg, dataset), ".parquet") if name.startswith(key + "-")}
 
 
-def remove_orphans(out: Path, cfg: CollectConfig, dataset: str) -> int:
-    """Delete positions shards (and temp files) left by a killed actor before its commit."""
-    done = done_hashes(out, cfg, dataset)
-    d = partition_dir(out, "positions", cfg.model, dataset, cfg.temperature)
-    n = 0
-    if d.is_dir():
-        key = cfg.run_key()
-        for p in d.glob(f"{key}-*.parquet"):
-            if p.stem.split("-")[1] not in done:
-                p.unlink()
-                n += 1
-        for p in d.glob(".*.tmp"):
-            p.unlink()
+def done_hashes(store: LogStore, cfg: CollectConfig, dataset: str) -> set[str]:
+    """Prompt hashes of this run_key whose sequences shard exists (committed prompts)."""
+    return set(_hashes(store, "sequences", cfg, dataset))
+
+
+def failed_prompts(store: LogStore, cfg: CollectConfig, dataset: str) -> dict[str, tuple[str, str]]:
+    """{prompt_hash: (prompt_id, error)} of this run_key's failures rows."""
+    out = {}
+    d = table_dir(store, "failures", cfg, dataset)
+    for h, name in _hashes(store, "failures", cfg, dataset).items():
+        t = pq.read_table(f"{d}/{name}", filesystem=store.fs, columns=["prompt_id", "error"])
+        out[h] = (t["prompt_id"][0].as_py(), t["error"][0].as_py())
+    return out
+
+
+def remove_orphans(store: LogStore, cfg: CollectConfig, dataset: str) -> int:
+    """Delete what a killed actor leaves: positions shards of uncommitted prompts, temp files, and
+    failures rows of prompts committed since. Returns the number of positions shards deleted."""
+    done = done_hashes(store, cfg, dataset)
+    key, n = cfg.run_key(), 0
+    pos = table_dir(store, "positions", cfg, dataset)
+    for name in store.list_files(pos, ".parquet"):
+        if name.startswith(key + "-") and name.split("-")[1] not in done:
+            store.fs.delete_file(f"{pos}/{name}")
+            n += 1
+    for table in ("positions", "sequences", "failures"):
+        d = table_dir(store, table, cfg, dataset)
+        for name in store.list_files(d, ".tmp"):
+            if name.startswith("."):
+                store.fs.delete_file(f"{d}/{name}")
+    fail = table_dir(store, "failures", cfg, dataset)
+    for h, name in _hashes(store, "failures", cfg, dataset).items():
+        if h in done:
+            store.fs.delete_file(f"{fail}/{name}")
     return n
 
 
-class CollectorActor:
-    """Holds one model copy; processes prompt batches; writes shards; returns one summary row each."""
-
-    def __init__(self, cfg_json: str, out: str, device: str | None = None, fail_after: int = 0):
-        import torch
-
-        from pipeline.engine import Engine
-        from pipeline.generate import load_head_for
-        from pipeline.target import load_target
-
-        self.cfg = CollectConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(cfg_json).items()})
-        self.out = Path(out)
-        self.target = load_target(self.cfg.model, device=device, dtype=self.cfg.dtype)
-        # the fingerprint of the machine this actor runs on (on a cluster, not the driver's); the
-        # driver's own goes into the run manifest
-        from pipeline.fingerprint import environment_fingerprint
-        self.env_json = json.dumps(environment_fingerprint(self.target.device, self.target.dtype))
-        self.head = load_head_for(self.cfg.head, self.target.model, self.cfg.seed)
-        self.engine = Engine(self.target.model, self.head, self.target.eos_token_ids)
-        self.fail_after = fail_after or int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
-        self.done = 0
-        torch.manual_seed(self.cfg.seed)
-
-    def __call__(self, batch: dict) -> dict:
-        from pipeline.target import encode_prompt
-
-        rows = {"prompt_id": [], "status": [], "positions": [], "seconds": []}
-        for pid, ds, split, msgs in zip(batch["prompt_id"], batch["dataset"], batch["split"], batch["messages"]):
-            if self.fail_after and self.done >= self.fail_after:
-                raise RuntimeError(f"injected failure after {self.done} prompts ({FAIL_AFTER_ENV})")
-            t0 = time.perf_counter()
-            try:
-                max_prompt = self.engine.max_positions - self.cfg.max_new_tokens - 2 * self.cfg.max_depth - 2
-                ids = encode_prompt(self.target.tokenizer, json.loads(msgs), max_prompt_tokens=max_prompt)
-            except DraftGymError as e:
-                rows["prompt_id"].append(pid); rows["status"].append(f"skipped: {e}")
-                rows["positions"].append(0); rows["seconds"].append(0.0)
-                continue
-            log = collect_prompt(self.engine, self.head, ids, self.cfg)
-            self._write(pid, ds, split, ids, log, time.perf_counter() - t0)
-            self.done += 1
-            rows["prompt_id"].append(pid); rows["status"].append("ok")
-            rows["positions"].append(sum(len(c["position"]) for c in log.positions.values()))
-            rows["seconds"].append(time.perf_counter() - t0)
-        return {k: np.array(v) for k, v in rows.items()}
-
-    def _write(self, pid, ds, split, ids, log, seconds) -> None:
-        cfg, key = self.cfg, self.cfg.run_key()
-        seq_path, pos_paths = shard_paths(self.out, cfg, ds, pid)
-        n_grid = len(cfg.verify_grid)
-        for W, cols in log.positions.items():
-            n = len(cols["position"])
-            with_dist = "accept_dist" in cols
-            schema = positions_schema(cfg.max_depth, W, n_grid, with_dist=with_dist)
-            arrays = [pa.array(np.full(n, SCHEMA_VERSION, np.int16)), pa.array([key] * n), pa.array([pid] * n),
-                      pa.array(cols["position"].astype(np.int32)), pa.array(cols["context_len"].astype(np.int32)),
-                      pa.array(cols["width"].astype(np.int16)), pa.array(cols["root_token"].astype(np.int32))]
-            for name in ("acceptance", "beam_scores", "candidate_scores", "entropy"):
-                typ = schema.field(name).type
-                flat = cols[name].reshape(-1).astype(typ.value_type.to_pandas_dtype())
-                arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), typ.list_size))
-            if with_dist:  # null where the position was subsampled out (--dist-every)
-                arrays.append(pa.array([None if d is None else d.tolist() for d in cols["accept_dist"]],
-                                       type=schema.field("accept_dist").type))
-            write_atomic(pa.Table.from_arrays(arrays, schema=schema), pos_paths[W], "positions")
-        row = {"schema_version": SCHEMA_VERSION, "run_key": key, "prompt_id": pid, "split": split,
-               "model_id": cfg.model, "head_id": self.head.head_id, "dtype": cfg.dtype, "seed": cfg.seed, "prompt_tokens": ids,
-               "output_tokens": log.output_tokens, "new_tokens": log.new_tokens, "stop_reason": log.stop_reason,
-               "widths": list(cfg.widths), "max_depth": cfg.max_depth, "verify_grid": list(cfg.verify_grid),
-               "config_json": cfg.to_json(), "env_json": self.env_json, "collect_s": seconds}
-        write_atomic(pa.Table.from_pylist([row], schema=SEQUENCES), seq_path, "sequences")
+def _local_or_id(spec: str, reserved: tuple[str, ...] = ()) -> str:
+    """A model/head given as a local path -> absolute (workers may run elsewhere); ids unchanged."""
+    if spec in reserved or "://" in spec:
+        return spec
+    p = Path(spec).expanduser()
+    return str(p.absolute()) if p.exists() else spec
 
 
-def init_ray(num_cpus: int | None = None):
-    import ray
-
-    if ray.is_initialized():
-        return ray
-    addr = os.environ.get("RAY_ADDRESS")
-    kw = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
-    if addr:
-        try:
-            ray.init(address=addr, **kw)
-        except Exception as e:      # ConnectionError, an auth refusal, a version mismatch: one line, no traceback
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise DraftGymError(f"cannot reach the Ray cluster at RAY_ADDRESS={addr}: {first}") from None
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
-    from ray.data import DataContext
-    DataContext.get_current().enable_progress_bars = False      # our own tqdm bar below
-    return ray
-
-
-def run_collect(cfg: CollectConfig, out: str | Path, num_actors: int = 1, num_gpus: float = 0.0,
-                use_ray: bool = True, progress: bool = True, device: str | None = None, fail_after: int = 0) -> dict:
-    """Collect logs for every prompt of cfg.dataset not yet collected under this run_key."""
+def run_collect(cfg: CollectConfig, out: str | Path | LogStore, num_actors: int | None = None,
+                num_gpus: float | None = None, cpus_per_actor: float | None = None, use_ray: bool = True,
+                progress: bool = True, device: str | None = None, fail_after: int = 0,
+                fail_prompts: tuple[str, ...] = (), retry_failed: bool = False, prompt_batch: int = 8) -> dict:
+    """Collect logs for every prompt of cfg.dataset not yet collected (nor failed, unless retry_failed)
+    under this run_key. out: a local path, a pyarrow filesystem URI or a LogStore. num_actors /
+    num_gpus / cpus_per_actor: None = from the cluster's resources (pipeline.cluster.plan_actors).
+    fail_after / fail_prompts (tests; also $DRAFTGYM_FAIL_AFTER / $DRAFTGYM_FAIL_PROMPT, read here on
+    the driver): kill the actor after N prompts / make these prompt ids raise."""
     from tqdm import tqdm
 
     from pipeline.datasets import load_prompts
     from pipeline.fingerprint import environment_fingerprint
 
-    out = Path(out)
+    store = out if isinstance(out, LogStore) else resolve_out(out)
+    fail_after = fail_after or int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
+    fail_prompts = tuple(fail_prompts) or tuple(p for p in os.environ.get(FAIL_PROMPT_ENV, "").split(",") if p)
     records = load_prompts(cfg.dataset, split=cfg.split, n=cfg.n_prompts)
     if not records:
         raise DraftGymError(f"no prompts in {cfg.dataset}" + (f" split {cfg.split}" if cfg.split else ""))
     datasets = {r.dataset for r in records}
-    for ds in datasets:
-        remove_orphans(out, cfg, ds)
-    done = {ds: done_hashes(out, cfg, ds) for ds in datasets}
-    todo = [r for r in records if prompt_hash(r.prompt_id) not in done[r.dataset]]
+    try:
+        for ds in datasets:
+            remove_orphans(store, cfg, ds)
+        done = {ds: done_hashes(store, cfg, ds) for ds in datasets}
+        failed = {ds: failed_prompts(store, cfg, ds) for ds in datasets}
+    except OSError as e:        # unreachable bucket, no permission: one line
+        raise DraftGymError(f"cannot read --out {store.uri}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+    todo, failed_before = [], []
+    for r in records:
+        h = prompt_hash(r.prompt_id)
+        if h in done[r.dataset]:
+            continue
+        if h in failed[r.dataset] and not retry_failed:
+            failed_before.append(f"{r.prompt_id}: {failed[r.dataset][h][1]}")
+            continue
+        todo.append(r)
+    if num_gpus is None and device is not None and str(device).startswith("cpu"):
+        num_gpus = 0.0                                      # --device cpu: reserve no GPU
+    plan = None
+    if todo and use_ray:      # connect (a one-line error if the cluster is unreachable) before writing anything
+        ray = init_ray()
+        plan = plan_actors(node_resources(), num_actors, num_gpus, cpus_per_actor)
+        plan["actors"] = min(plan["actors"], len(todo))    # no model copy without a prompt to work on
     env = environment_fingerprint(device, cfg.dtype)
-    manifest_path = out / "_runs" / f"{cfg.run_key()}.json"
+    manifest_path = store.path("_runs", f"{cfg.run_key()}.json")
     manifest = {"run_key": cfg.run_key(), "config": json.loads(cfg.to_json()), "environment": env,
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "n_prompts": len(records),
-                "already_done": len(records) - len(todo), "command": " ".join(sys.argv)}
-    write_json_atomic(manifest, manifest_path)
-    summary = {"run_key": cfg.run_key(), "prompts": len(records), "skipped_done": len(records) - len(todo),
-               "collected": 0, "skipped": [], "positions": 0, "wall_s": 0.0, "out": str(out)}
+                "already_done": len(records) - len(todo) - len(failed_before), "command": " ".join(sys.argv), "out": store.uri}
+    try:
+        store.write_json(manifest, manifest_path)
+    except OSError as e:        # read-only, no permission: one line
+        raise DraftGymError(f"cannot write to --out {store.uri}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+    summary = {"run_key": cfg.run_key(), "prompts": len(records), "skipped_done": len(records) - len(todo) - len(failed_before),
+               "collected": 0, "skipped": [], "failed": [], "failed_before": failed_before, "positions": 0,
+               "wall_s": 0.0, "out": store.uri}
+    if plan:
+        summary.update(actors=plan["actors"], gpus_per_actor=plan["gpus"], cpus_per_actor=plan["cpus"])
     if not todo:
         return summary
     items = [{"prompt_id": r.prompt_id, "dataset": r.dataset, "split": r.split,
               "messages": json.dumps(list(r.messages))} for r in todo]
+    actor_kw = dict(cfg_json=cfg.to_json(), store=store, device=device, fail_after=fail_after,
+                    fail_prompts=fail_prompts, model_path=_local_or_id(cfg.model),
+                    head_spec=_local_or_id(cfg.head, ("random", "default")))
     t0 = time.perf_counter()
     bar = tqdm(total=len(items), desc=f"collect {cfg.dataset}", unit="prompt", disable=not progress)
 
     def account(row):
-        if row["status"] == "ok":
+        status = str(row["status"])
+        if status == "ok":
             summary["collected"] += 1
             summary["positions"] += int(row["positions"])
+        elif status.startswith("failed: "):
+            summary["failed"].append(f"{row['prompt_id']}: {status[len('failed: '):]}")
         else:
-            summary["skipped"].append(f"{row['prompt_id']}: {row['status']}")
+            summary["skipped"].append(f"{row['prompt_id']}: {status}")
         bar.update(1)
-        bar.set_postfix(positions=summary["positions"])
+        bar.set_postfix(positions=summary["positions"], failed=len(summary["failed"]))
 
     try:
-        if use_ray:
-            ray = init_ray()
-            cpus = max(1.0, (os.cpu_count() or 1) / max(1, num_actors)) if not num_gpus else 1.0
-            ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-                CollectorActor, batch_size=1, compute=ray.data.ActorPoolStrategy(size=num_actors), num_cpus=cpus,
-                num_gpus=num_gpus,
-                fn_constructor_kwargs=dict(cfg_json=cfg.to_json(), out=str(out), device=device,
-                                           fail_after=fail_after))
+        if plan:
+            ds = ray.data.from_items(items, override_num_blocks=-(-len(items) // prompt_batch)).map_batches(
+                CollectorActor, batch_size=prompt_batch, compute=ray.data.ActorPoolStrategy(size=plan["actors"]),
+                num_cpus=plan["cpus"], num_gpus=plan["gpus"], fn_constructor_kwargs=actor_kw)
             for row in ds.iter_rows():
                 account(row)
         else:
-            actor = CollectorActor(cfg.to_json(), str(out), device=device, fail_after=fail_after)
-            for it in items:
-                res = actor({k: [v] for k, v in it.items()})
-                account({k: v[0] for k, v in res.items()})
+            actor = CollectorActor(**actor_kw)
+            for c in range(0, len(items), prompt_batch):
+                chunk = items[c:c + prompt_batch]
+                res = actor({k: [it[k] for it in chunk] for k in chunk[0]})
+                for i in range(len(chunk)):
+                    account({k: v[i] for k, v in res.items()})
     finally:
         bar.close()
     summary["wall_s"] = time.perf_counter() - t0
     manifest.update(finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"), last_summary=summary)
-    write_json_atomic(manifest, manifest_path)
+    store.write_json(manifest, manifest_path)
     return summary
 
 
@@ -241,18 +203,33 @@ def add_collect(sub) -> None:
     p.add_argument("--dist-every", type=int, default=1,
                    help="T > 0: log acceptance-length distributions at every k-th position (0 = never; each costs a verify forward)")
     p.add_argument("--dist-verify-size", type=int, default=60, help="T > 0: V of the tree whose acceptance-length distribution is logged")
-    p.add_argument("--num-actors", type=int, default=1, help="Ray actors (one model copy each)")
-    p.add_argument("--num-gpus", type=float, default=None, help="GPUs per actor (default: 1 if CUDA is present)")
+    p.add_argument("--num-actors", type=int, default=None,
+                   help="Ray actors, one model copy each (default: from the cluster's resources: one per GPU "
+                        "(per --num-gpus GPUs) on a GPU cluster, one per node (all its CPUs, or one per "
+                        "--cpus-per-actor CPUs) on a CPU cluster; at least 1, at most one per prompt)")
+    p.add_argument("--num-gpus", type=float, default=None,
+                   help="GPUs per actor (default: 1 if any node of the Ray cluster has a GPU, else 0; read from "
+                        "the cluster, not from this machine)")
+    p.add_argument("--cpus-per-actor", type=float, default=None,
+                   help="CPUs per actor (default: 1 with GPUs; on a CPU cluster the largest node's CPUs, or the "
+                        "cluster's CPUs shared among --num-actors)")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="collect again the prompts recorded in the failures table by an earlier run of the same "
+                        "command (without it they are skipped and listed); a success deletes their failures row")
+    p.add_argument("--prompt-batch", type=int, default=8,
+                   help="prompts collected together by one actor (batched continuations, teacher forcing and "
+                        "tree expansion: pipeline.collect.collect_prompts); 1 = one prompt at a time")
     p.add_argument("--no-ray", action="store_true", help="run in-process (debugging)")
     add_device_dtype(p)
-    p.add_argument("--out", default="data/logs", help="logs root (hive-partitioned Parquet)")
+    p.add_argument("--out", default="data/logs",
+                   help="logs root (hive-partitioned Parquet): a local path (made absolute on this machine, the "
+                        "driver) or a pyarrow filesystem URI: file:///abs/path, s3://bucket/prefix, gs://bucket/prefix "
+                        "(every worker writes there; use shared storage or an object store on a multi-node cluster)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=_run_collect_cli)
 
 
 def _run_collect_cli(args) -> int:
-    import torch
-
     if args.temperature < 0:
         raise DraftGymError(f"temperature must be >= 0, got {args.temperature}")
     from pipeline.datasets import resolve_split
@@ -261,7 +238,10 @@ def _run_collect_cli(args) -> int:
     widths = parse_positive_ints(args.widths, "--widths")
     if args.max_depth < 1:
         raise DraftGymError("--max-depth must be >= 1")
-    num_gpus = args.num_gpus if args.num_gpus is not None else (1.0 if torch.cuda.is_available() else 0.0)
+    if args.prompt_batch < 1:
+        raise DraftGymError(f"--prompt-batch must be >= 1, got {args.prompt_batch}")
+    check_actor_options(args.num_actors, args.num_gpus, args.cpus_per_actor)
+    store = resolve_out(args.out)
     cfg = CollectConfig(model=args.model, head=args.head, dtype=resolve_dtype_name(args.dtype, args.device),
                         dataset=args.dataset,
                         split=resolve_split(args.dataset, args.split), n_prompts=args.n_prompts,
@@ -271,17 +251,27 @@ def _run_collect_cli(args) -> int:
     if args.head not in ("random", "default"):
         from pipeline.head import resolve_head_dir
         resolve_head_dir(args.head)
-    s = run_collect(cfg, args.out, num_actors=args.num_actors, num_gpus=num_gpus, use_ray=not args.no_ray,
-                    device=args.device)
+    s = run_collect(cfg, store, num_actors=args.num_actors, num_gpus=args.num_gpus, cpus_per_actor=args.cpus_per_actor,
+                    use_ray=not args.no_ray, device=args.device, retry_failed=args.retry_failed,
+                    prompt_batch=args.prompt_batch)
     if args.json:
         print(json.dumps(s))
-    else:
-        rate = s["positions"] / s["wall_s"] if s["wall_s"] else 0.0
-        print(f"collected {s['collected']} prompts ({s['skipped_done']} already done, {len(s['skipped'])} skipped), "
-              f"{s['positions']} positions in {s['wall_s']:.1f} s ({rate:.1f} positions/s) -> {s['out']} "
-              f"[run_key {s['run_key']}]")
-        for line in s["skipped"][:5]:
-            print(f"  skipped {line}")
+        return 0
+    rate = s["positions"] / s["wall_s"] if s["wall_s"] else 0.0
+    print(f"collected {s['collected']} prompts ({s['skipped_done']} already done, {len(s['skipped'])} skipped, "
+          f"{len(s['failed'])} failed), {s['positions']} positions in {s['wall_s']:.1f} s ({rate:.1f} positions/s) "
+          f"-> {s['out']} [run_key {s['run_key']}]")
+    if "actors" in s:
+        print(f"  {s['actors']} actor(s), {s['gpus_per_actor']:g} GPU and {s['cpus_per_actor']:g} CPU each")
+    for line in s["skipped"][:5]:
+        print(f"  skipped {line}")
+    for line in s["failed"][:10]:
+        print(f"  failed {line}")
+    if s["failed_before"]:
+        print(f"  {len(s['failed_before'])} prompt(s) failed in an earlier run and were not retried "
+              f"(--retry-failed retries them):")
+        for line in s["failed_before"][:10]:
+            print(f"    {line}")
+    if s["failed"] or s["failed_before"]:
+        print(f"  all failures: draftgym query --logs {s['out']} \"SELECT prompt_id, error FROM failures\"")
     return 0
-
-

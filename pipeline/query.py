@@ -10,6 +10,8 @@ Views (all of them always exist; a table without shards gives an empty view of t
                   whose (run_key, prompt_id) has a sequences row (a killed collection actor can leave
                   orphan positions shards behind; `positions_raw` still shows them)
 - latency, cycles the latency profiles and the online cycles
+- failures        one row per prompt whose collection raised (error, config, environment); a
+                  successful `draftgym collect --retry-failed` deletes its row
 - acceptance_long one row per (position row, D, V): run_key, prompt_id, model, dataset, temperature,
                   width, position, context_len, depth, verify_size, accepted, using each sequence's
                   own max_depth and verify_grid (acceptance[(D-1) * n_grid + i] = L[D-1, i])
@@ -37,10 +39,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import DataError, DraftGymError
-from pipeline.schema import (CYCLES, DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID, LATENCY, PARTITIONS, SEQUENCES,
-                             check_file, positions_schema, table_files)
+from pipeline.schema import (CYCLES, DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID, FAILURES, LATENCY, PARTITIONS,
+                             SEQUENCES, check_file, positions_schema, table_files)
 
-TABLES = ("sequences", "positions", "latency", "cycles")
+TABLES = ("sequences", "positions", "latency", "cycles", "failures")
 PARTITION_TYPES = {"model": "VARCHAR", "dataset": "VARCHAR", "temperature": "DOUBLE"}
 DEFAULT_LOGS = "data/logs"
 LOGS_ENV = "DRAFTGYM_LOGS"
@@ -51,8 +53,12 @@ LOGS_ENV = "DRAFTGYM_LOGS"
 # ----------------------------------------------------------------------------------------------
 
 def resolve_logs(logs_dir: str | Path | None) -> Path:
-    """The logs root: the argument, else $DRAFTGYM_LOGS, else data/logs. It must be a directory."""
-    root = Path(logs_dir if logs_dir is not None else os.environ.get(LOGS_ENV, DEFAULT_LOGS)).expanduser()
+    """The logs root: the argument, else $DRAFTGYM_LOGS, else data/logs. It must be a local directory
+    (a file:// URI is one; s3:// and gs:// are refused with one line)."""
+    from pipeline.storage import local_dir
+
+    root = local_dir(logs_dir if logs_dir is not None else os.environ.get(LOGS_ENV, DEFAULT_LOGS),
+                     "draftgym query").expanduser()
     if not root.exists():
         raise DraftGymError(f"no logs directory at {root} (run `draftgym collect --out {root}` or pass --logs)")
     if not root.is_dir():
@@ -106,7 +112,7 @@ def _duck_type(t: pa.DataType) -> str:
 
 
 def _empty_schema(table: str) -> pa.Schema:
-    return {"sequences": SEQUENCES, "latency": LATENCY, "cycles": CYCLES,
+    return {"sequences": SEQUENCES, "latency": LATENCY, "cycles": CYCLES, "failures": FAILURES,
             "positions": positions_schema(DEFAULT_MAX_DEPTH, 10, len(DEFAULT_VERIFY_GRID), with_dist=True)}[table]
 
 
@@ -171,7 +177,7 @@ def connect(logs_dir: str | Path | None = None, validate: bool = True, database:
         threads = os.environ.get("OMP_NUM_THREADS", "")
         if threads.isdigit() and int(threads) > 0:     # share the cores like torch does
             con.execute(f"SET threads = {int(threads)}")
-        for t in ("sequences", "latency", "cycles"):
+        for t in ("sequences", "latency", "cycles", "failures"):
             con.execute(f"CREATE OR REPLACE VIEW {t} AS {_table_sql(root, t, files[t])}")
         con.execute(f"CREATE OR REPLACE VIEW positions_raw AS {_table_sql(root, 'positions', files['positions'])}")
         con.execute("CREATE OR REPLACE VIEW positions AS SELECT p.* FROM positions_raw p "
@@ -433,9 +439,10 @@ def acceptance_array(df, max_depth: int | None = None, n_grid: int | None = None
 
 def add_query(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("query", help="SQL (DuckDB) over the Parquet logs: views sequences, positions, latency, "
-                                     "cycles, acceptance_long")
+                                     "cycles, failures, acceptance_long")
     p.add_argument("sql", nargs="?", help="a DuckDB SQL query over the views")
-    p.add_argument("--logs", default=None, help=f"logs directory (default ${LOGS_ENV} or {DEFAULT_LOGS})")
+    p.add_argument("--logs", default=None, help=f"logs directory or file:// URI (default ${LOGS_ENV} or {DEFAULT_LOGS}); "
+                                                 "copy s3:// / gs:// logs to a local directory first")
     p.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
     p.add_argument("--example", metavar="NAME", help="run a named example query (see --list-examples)")
     p.add_argument("--list-examples", action="store_true", help="list the example queries and exit")

@@ -22,6 +22,9 @@ and in a `schema_version` column; readers refuse other versions with a one-line 
     accept_dist [max_depth * (max_depth + 1)] float32, T > 0 only: P(L = l) for the tree (D, W, V_dist)
 - latency: one row per measured op (draft_step, verify, policy, overhead) and parameters.
 - cycles: one row per online verify cycle (written by `online/`), comparable row for row with replay.
+- failures: one row per (run_key, prompt_id) whose collection raised (an out-of-memory error, a bug):
+  the error (type and first line), the config and the actor's environment. A rerun skips these
+  prompts unless `draftgym collect --retry-failed`; a successful retry deletes the row.
 
 Replay: from p the static (D, W, V) accepts L = acceptance[D-1, index(V)] and the next cycle's root
 is p + L + 1. An episode ends once p >= new_tokens - 1 (the last token is emitted).
@@ -29,14 +32,14 @@ is p + L + 1. An episode ends once p >= new_tokens - 1 (the last token is emitte
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.errors import DataError
+from pipeline.storage import atomic_write
 
 SCHEMA_VERSION = 2                 # 2: sequences.dtype (logs carry the dtype they were collected in)
 VERSION_KEY = b"draftgym.schema_version"
@@ -130,28 +133,43 @@ CYCLES = pa.schema([
     ("device", pa.string()),
 ])
 
+FAILURES = pa.schema([
+    ("schema_version", pa.int16()),
+    ("run_key", pa.string()),
+    ("prompt_id", pa.string()),
+    ("dataset", pa.string()),          # as given (the partition folder holds its path-safe name)
+    ("split", pa.string()),
+    ("error", pa.string()),            # "<ExceptionType>: <first line of the message>"
+    ("config_json", pa.string()),
+    ("env_json", pa.string()),         # the fingerprint of the actor that failed
+    ("time", pa.string()),             # UTC, ISO 8601
+])
+
+
+def partition_parts(table: str, model: str, dataset: str, temperature: float) -> tuple[str, str, str, str]:
+    """(<table>, model=<model>, dataset=<dataset>, temperature=<T>), names made path-safe."""
+    safe = lambda s: str(s).replace("/", "--").replace("=", "-")
+    return table, f"model={safe(model)}", f"dataset={safe(dataset)}", f"temperature={float(temperature):g}"
+
 
 def partition_dir(root: str | Path, table: str, model: str, dataset: str, temperature: float) -> Path:
     """<root>/<table>/model=<model>/dataset=<dataset>/temperature=<T>, names made path-safe."""
-    safe = lambda s: str(s).replace("/", "--").replace("=", "-")
-    return Path(root) / table / f"model={safe(model)}" / f"dataset={safe(dataset)}" / f"temperature={float(temperature):g}"
+    return Path(root).joinpath(*partition_parts(table, model, dataset, temperature))
 
 
-def write_atomic(table: pa.Table, path: str | Path, table_name: str) -> Path:
-    """Write a Parquet file via a temp file + rename, so readers never see a partial file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_atomic(table: pa.Table, path: str | Path, table_name: str, filesystem=None) -> str | Path:
+    """Write a Parquet file so readers never see a partial file: temp file + rename on a local disk,
+    one put on an object store (pipeline.storage). `filesystem`: a pyarrow FileSystem and `path` a
+    path on it; None = the local filesystem and a local path (returned as a Path)."""
     meta = dict(table.schema.metadata or {})
     meta[VERSION_KEY] = str(SCHEMA_VERSION).encode()
     meta[TABLE_KEY] = table_name.encode()
     table = table.replace_schema_metadata(meta)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write = lambda f: pq.write_table(table, f, compression="zstd")
+    if filesystem is not None:
+        return atomic_write(filesystem, str(path), write)
+    path = Path(path)
+    atomic_write(pafs.LocalFileSystem(), path.as_posix(), write)
     return path
 
 
@@ -192,9 +210,8 @@ def table_files(root: str | Path, table: str) -> list[Path]:
 
 
 def write_json_atomic(obj: dict, path: str | Path) -> Path:
+    """JSON on the local filesystem, written atomically like `write_atomic` (LogStore.write_json: any filesystem)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    data = (json.dumps(obj, indent=2, default=str) + "\n").encode()
+    atomic_write(pafs.LocalFileSystem(), path.as_posix(), lambda f: f.write(data))
     return path

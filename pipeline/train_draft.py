@@ -3,8 +3,8 @@
 Pipeline (SpecForge-style, one file, CleanRL-style hyperparameters in `TrainConfig`):
 
   1. Self-distillation. The target regenerates greedy answers to the train-split prompts (batched,
-     left-padded `model.generate`). Answers are appended to a JSONL cache per generation setting,
-     so a killed run resumes where it stopped.
+     `pipeline.batch_generate`: slots refilled from the queue). Answers are appended to a JSONL cache
+     per generation setting, so a killed run resumes where it stopped.
   2. Draft vocabulary. The `draft_vocab_size` most frequent target tokens at response positions,
      sorted by id; `d2t[i] = target_id(i) - i`, `t2d` = membership mask over the target vocabulary.
   3. Features. The target runs teacher-forced over prompt + answer (bf16 autocast where the hardware
@@ -828,6 +828,7 @@ def regenerate(target, prompts: list[dict], cfg: TrainConfig, path: Path, progre
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
+    from pipeline.batch_generate import generate_batch
     from pipeline.target import resolve_dtype
 
     done = _read_jsonl_tolerant(path)
@@ -853,48 +854,52 @@ def regenerate(target, prompts: list[dict], cfg: TrainConfig, path: Path, progre
             # one-token decode steps: eager attention is ~2x faster than the CPU flash kernel in bf16
             model.set_attn_implementation("eager")
         eos = sorted(target.eos_token_ids)
-        pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
         old = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()
         bar = tqdm(total=len(todo), desc="regenerate", disable=not progress_bar, dynamic_ncols=True, file=sys.stderr)
-        t0, n_tok = time.time(), 0
+        t0, n_tok, n_done, spent = time.time(), [0], [0], [False]
+
+        def budget_spent() -> bool:      # stops taking prompts from the queue; the rows in flight finish
+            if cfg.regen_budget_min is not None and time.time() - t0 >= cfg.regen_budget_min * 60:
+                spent[0] = True
+            return spent[0]
+
         try:
+            torn = False
+            if path.is_file() and path.stat().st_size > 0:
+                with open(path, "rb") as f:
+                    f.seek(-1, os.SEEK_END)
+                    torn = f.read(1) != b"\n"
             with open(path, "a", encoding="utf-8") as f:
-                for s in range(0, len(todo), cfg.gen_batch_size):
-                    if cfg.regen_budget_min is not None and time.time() - t0 >= cfg.regen_budget_min * 60:
-                        _log(f"regeneration budget ({cfg.regen_budget_min} min) spent: {len(done)} answers, "
-                             f"{len(todo) - s} prompts left for a later run")
-                        break
-                    chunk = todo[s:s + cfg.gen_batch_size]
-                    P = max(len(p["prompt_ids"]) for p in chunk)
-                    ids = torch.full((len(chunk), P), pad, dtype=torch.long)
-                    att = torch.zeros((len(chunk), P), dtype=torch.long)
-                    for r, p in enumerate(chunk):                  # left padding
-                        n = len(p["prompt_ids"])
-                        ids[r, P - n:] = torch.tensor(p["prompt_ids"])
-                        att[r, P - n:] = 1
-                    out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), do_sample=False,
-                                         max_new_tokens=cfg.max_new_tokens, pad_token_id=pad,
-                                         eos_token_id=eos or None, num_beams=1)
-                    for r, p in enumerate(chunk):
-                        resp = out[r, P:].tolist()
-                        stop = "max_new_tokens"
-                        for j, t in enumerate(resp):
-                            if t in target.eos_token_ids:
-                                resp, stop = resp[: j + 1], "eos"
-                                break
-                        row = {"prompt_id": p["prompt_id"], "dataset": p["dataset"], "prompt_ids": p["prompt_ids"],
-                               "response_ids": resp, "stop": stop}
-                        f.write(json.dumps(row) + "\n")
-                        done[p["prompt_id"]] = row
-                        n_tok += len(resp)
+                if torn:                            # a killed run left half a line: start on a fresh one
+                    f.write("\n")
+
+                def write(i: int, cont) -> None:    # as each row finishes: append, flush (fsync once per batch)
+                    p = todo[i]
+                    row = {"prompt_id": p["prompt_id"], "dataset": p["dataset"], "prompt_ids": p["prompt_ids"],
+                           "response_ids": cont.output_ids, "stop": cont.stop_reason}
+                    f.write(json.dumps(row) + "\n")
                     f.flush()
-                    os.fsync(f.fileno())
-                    bar.update(len(chunk))
-                    bar.set_postfix_str(f"{n_tok / max(time.time() - t0, 1e-9):.0f} tok/s")
-                    if (s // cfg.gen_batch_size) % 5 == 0:
-                        _log(f"regenerated {s + len(chunk)}/{len(todo)} ({n_tok} tokens, "
-                             f"{n_tok / max(time.time() - t0, 1e-9):.0f} tok/s)")
+                    done[p["prompt_id"]] = row
+                    n_tok[0] += len(cont.output_ids)
+                    n_done[0] += 1
+                    bar.update(1)
+                    if n_done[0] % cfg.gen_batch_size == 0:
+                        os.fsync(f.fileno())
+                        rate = n_tok[0] / max(time.time() - t0, 1e-9)
+                        bar.set_postfix_str(f"{rate:.0f} tok/s")
+                        if (n_done[0] // cfg.gen_batch_size) % 5 == 1:
+                            _log(f"regenerated {n_done[0]}/{len(todo)} ({n_tok[0]} tokens, {rate:.0f} tok/s)")
+
+                # batched greedy decoding, cut after the first EOS (pipeline/batch_generate.py): a finished
+                # row's slot is refilled from the queue at once, so no row waits for the longest answer
+                generate_batch(model, [p["prompt_ids"] for p in todo], cfg.max_new_tokens, 0.0, 0, eos,
+                               batch_size=cfg.gen_batch_size, on_result=write, stop_refill=budget_spent)
+                f.flush()
+                os.fsync(f.fileno())
+            if spent[0]:
+                _log(f"regeneration budget ({cfg.regen_budget_min} min) spent: {len(done)} answers, "
+                     f"{len(todo) - n_done[0]} prompts left for a later run")
         finally:
             hf_logging.set_verbosity(old)
             bar.close()

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from pipeline.errors import DataError
 from pipeline.schema import PARTITIONS, read_table
+from pipeline.storage import local_dir
 
 _PART_RE = re.compile(r"^(model|dataset|temperature)=(.*)$")
 
@@ -48,8 +49,10 @@ def partition_values(path: Path) -> dict[str, str]:
 
 
 def discover(root: str | Path) -> list[dict]:
-    """Partitions of the sequences table: [{'model', 'dataset', 'temperature', 'dir'}]."""
-    base = Path(root) / "sequences"
+    """Partitions of the sequences table: [{'model', 'dataset', 'temperature', 'dir'}]. root: a local
+    directory or a file:// URI (s3:// and gs:// are refused with one line: copy them locally first)."""
+    root = local_dir(root, "the simulator")
+    base = root / "sequences"
     if not base.is_dir():
         raise DataError(f"no sequences table under {root} (expected {base}/model=.../dataset=.../temperature=...)")
     found = []
@@ -242,6 +245,7 @@ def load_logs(root: str | Path, model: str | None = None, temperature: float | N
     10 if logged, else the smallest logged); widths: extra widths to load too (e.g. for Re-SpS
     shapes); "all" loads every logged width.
     """
+    root = local_dir(root, "the simulator")
     parts = discover(root)
     model = _pick("model", model, sorted({p["model"] for p in parts}), lambda w, a: safe_name(w) == a or w == a)
     parts = [p for p in parts if p["model"] == model]

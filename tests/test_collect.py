@@ -96,16 +96,28 @@ def test_collect_job_resumes_after_failure(tmp_path, tiny_model_dir):
 
 
 def test_collect_job_on_ray_resumes(tmp_path, tiny_model_dir):
-    """The same through Ray Data with an actor: a failure injected into the actor midway, then a rerun."""
+    """The same through Ray Data with an actor: the actor killed midway, then a rerun in which one prompt
+    fails (recorded, the others committed), a rerun that skips it, and --retry-failed: in the end
+    exactly one sequences row per prompt and one positions row per key."""
     cfg = CollectConfig(model=str(tiny_model_dir), head="random", dataset="humaneval", split=None, n_prompts=3,
                         max_new_tokens=8, max_depth=3, widths=(2,), verify_grid=GRID)
     with pytest.raises(Exception, match="injected failure"):
         run_collect(cfg, tmp_path, use_ray=True, progress=False, fail_after=1)
-    s = run_collect(cfg, tmp_path, use_ray=True, progress=False)
-    assert s["collected"] + s["skipped_done"] == 3 and s["skipped_done"] >= 1
-    pos = _rows(tmp_path, "positions")
+    done = set(_rows(tmp_path, "sequences")["prompt_id"].to_pylist())
+    left = sorted({f"humaneval/HumanEval/{i}" for i in range(3)} - done)
+    assert done and left
+    # the rerun, with one more prompt raising inside its own work: recorded, and the job goes on
+    s = run_collect(cfg, tmp_path, use_ray=True, progress=False, fail_prompts=(left[0],))
+    assert s["skipped_done"] == len(done) and s["collected"] == len(left) - 1 and len(s["failed"]) == 1
+    assert s["failed"][0].startswith(f"{left[0]}: RuntimeError: injected failure on prompt")
+    assert s["actors"] == 1 and s["gpus_per_actor"] == 0.0          # sized from the (CPU-only) cluster
+    assert run_collect(cfg, tmp_path, use_ray=True, progress=False)["failed_before"] != []
+    s = run_collect(cfg, tmp_path, use_ray=True, progress=False, retry_failed=True)
+    assert s["collected"] == 1 and table_files(tmp_path, "failures") == []
+    seq, pos = _rows(tmp_path, "sequences"), _rows(tmp_path, "positions")
+    assert sorted(seq["prompt_id"].to_pylist()) == sorted(f"humaneval/HumanEval/{i}" for i in range(3))
     keys = list(zip(pos["prompt_id"].to_pylist(), pos["position"].to_pylist()))
-    assert len(keys) == len(set(keys)) == sum(T - 1 for T in _rows(tmp_path, "sequences")["new_tokens"].to_pylist())
+    assert len(keys) == len(set(keys)) == sum(T - 1 for T in seq["new_tokens"].to_pylist())
 
 
 def test_orphan_positions_are_removed(tmp_path, tiny_model_dir):
@@ -196,3 +208,156 @@ def test_collect_at_temperature_writes_distributions(tmp_path, tiny_model_dir):
     d = t["accept_dist"].to_pylist()
     assert [x is None for x in d] == [pos % 2 == 1 for pos in t["position"].to_pylist()]
     assert all(abs(sum(x[i * 4 : i * 4 + 4]) - 1) < 1e-4 for x in d if x is not None for i in range(3))
+
+
+def _cli(argv, capsys) -> tuple[int, str, str]:
+    from online.cli import main
+
+    capsys.readouterr()
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_failed_prompt_is_recorded_skipped_then_retried(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """A prompt that raises inside its own work (DRAFTGYM_FAIL_PROMPT) is recorded in `failures` and the
+    job commits the others; a rerun skips and reports it; --retry-failed collects it and drops the row."""
+    logs = str(tmp_path / "logs")
+    cmd = ["collect", "--no-ray", "--model", str(tiny_model_dir), "--head", "random", "--dataset", "mt-bench",
+           "--n-prompts", "3", "--max-new-tokens", "6", "--max-depth", "2", "--widths", "2", "--out", logs]
+    monkeypatch.setenv("DRAFTGYM_FAIL_PROMPT", "mt-bench/93")
+    rc, out, _ = _cli(cmd, capsys)
+    assert rc == 0 and "collected 2 prompts" in out and "1 failed" in out
+    assert "failed mt-bench/93: RuntimeError: injected failure on prompt mt-bench/93" in out
+    seq = _rows(logs, "sequences")
+    assert sorted(seq["prompt_id"].to_pylist()) == ["mt-bench/101", "mt-bench/81"]
+    assert len(table_files(logs, "positions")) == 2                 # nothing of the failed prompt
+    rc, out, _ = _cli(["query", "--logs", logs, "--format", "json", "SELECT * FROM failures"], capsys)
+    (row,) = json.loads(out)
+    assert row["prompt_id"] == "mt-bench/93" and row["dataset"] == "mt-bench" and row["split"] == "test"
+    assert row["error"].startswith("RuntimeError: injected failure") and "\n" not in row["error"]
+    assert json.loads(row["config_json"])["widths"] == [2] and "torch" in json.loads(row["env_json"])
+    assert row["run_key"] == seq["run_key"][0].as_py() and row["time"].endswith("Z")
+
+    monkeypatch.delenv("DRAFTGYM_FAIL_PROMPT")
+    rc, out, _ = _cli(cmd + ["--json"], capsys)                      # a rerun does not retry it
+    s = json.loads(out)
+    assert s["collected"] == 0 and s["skipped_done"] == 2
+    assert s["failed_before"] == ["mt-bench/93: RuntimeError: injected failure on prompt mt-bench/93 (DRAFTGYM_FAIL_PROMPT)"]
+    rc, out, _ = _cli(cmd, capsys)
+    assert "1 prompt(s) failed in an earlier run and were not retried" in out
+    assert len(table_files(logs, "failures")) == 1
+
+    rc, out, _ = _cli(cmd + ["--retry-failed", "--json"], capsys)
+    s = json.loads(out)
+    assert s["collected"] == 1 and s["failed"] == [] and s["failed_before"] == []
+    assert table_files(logs, "failures") == []
+    rc, out, _ = _cli(["query", "--logs", logs, "--format", "json",
+                       "SELECT (SELECT count(*) FROM failures) AS f, (SELECT count(*) FROM sequences) AS s"], capsys)
+    assert json.loads(out) == [{"f": 0, "s": 3}]
+
+
+def test_collect_to_file_uri_and_relative_out(tmp_path, tiny_model_dir, monkeypatch):
+    """--out file:///... writes through the pyarrow filesystem; a relative --out is made absolute on the
+    driver, so shards land under the driver's cwd even when the Ray workers' cwd is another one."""
+    import os
+
+    import ray
+
+    from pipeline.cluster import init_ray
+    from pipeline.query import connect
+
+    cfg = CollectConfig(model=str(tiny_model_dir), head="random", dataset="mt-bench", split=None, n_prompts=1,
+                        max_new_tokens=6, max_depth=2, widths=(2,), verify_grid=GRID)
+    uri = (tmp_path / "uri-logs").as_uri()
+    assert uri.startswith("file:///")
+    s = run_collect(cfg, uri, use_ray=False, progress=False)
+    assert s["collected"] == 1 and s["out"] == uri
+    assert len(table_files(tmp_path / "uri-logs", "positions")) == 1
+    assert (tmp_path / "uri-logs" / "_runs" / f"{cfg.run_key()}.json").is_file()
+    assert connect(uri).sql("SELECT count(*) FROM sequences").fetchall() == [(1,)]      # readers take file:// too
+    assert run_collect(cfg, uri, use_ray=False, progress=False)["skipped_done"] == 1    # resume through the URI
+
+    (tmp_path / "ray-cwd").mkdir()
+    (tmp_path / "driver").mkdir()
+    monkeypatch.chdir(tmp_path / "ray-cwd")
+    init_ray()                                  # workers started now (or earlier) do not run in driver/
+    monkeypatch.chdir(tmp_path / "driver")
+    worker_cwd = ray.get(ray.remote(lambda: __import__("os").getcwd()).remote())   # pickled by value
+    assert worker_cwd != str(tmp_path / "driver")
+    s = run_collect(cfg, "relout", use_ray=True, progress=False)
+    assert s["collected"] == 1 and s["out"] == str(tmp_path / "driver" / "relout")
+    assert len(table_files(tmp_path / "driver" / "relout", "sequences")) == 1
+    assert len(table_files(tmp_path / "driver" / "relout", "positions")) == 1
+    assert not (tmp_path / "ray-cwd" / "relout").exists() and not os.path.exists(os.path.join(worker_cwd, "relout"))
+
+
+@pytest.fixture
+def s3_logs(monkeypatch):
+    """An S3-compatible server on loopback (moto's ThreadedMotoServer, from PyPI) with an empty bucket;
+    yields (out URI, S3FileSystem). Credentials are dummies, read from the environment as on a real cluster."""
+    import socket
+
+    import pyarrow.fs as pafs
+
+    server_mod = pytest.importorskip("moto.server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(k, v)
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", region="us-east-1",
+                               allow_bucket_creation=True)
+        fs.create_dir("logs-bucket")
+        yield f"s3://logs-bucket/run1?endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1", fs
+    finally:
+        server.stop()
+
+
+def test_collect_to_s3(s3_logs, tmp_path, tiny_model_dir, capsys):
+    """Shards, the manifest, failures, resume, --retry-failed and orphan clean-up all go through S3."""
+    import pyarrow.fs as pafs
+
+    from pipeline.query import connect
+
+    uri, fs = s3_logs
+    cfg = CollectConfig(model=str(tiny_model_dir), head="random", dataset="mt-bench", split=None, n_prompts=3,
+                        max_new_tokens=6, max_depth=2, widths=(2,), verify_grid=GRID)
+    s = run_collect(cfg, uri, use_ray=False, progress=False, fail_prompts=("mt-bench/82",))
+    assert s["collected"] == 2 and [f.split(":")[0] for f in s["failed"]] == ["mt-bench/82"]
+
+    def keys(table=""):
+        sel = pafs.FileSelector(f"logs-bucket/run1/{table}", recursive=True, allow_not_found=True)
+        return sorted(i.path for i in fs.get_file_info(sel) if i.type == pafs.FileType.File)
+
+    assert len(keys("sequences")) == 2 and len(keys("positions")) == 2 and len(keys("failures")) == 1
+    assert keys("_runs") == [f"logs-bucket/run1/_runs/{cfg.run_key()}.json"]
+    assert not any(k.rsplit("/", 1)[1].startswith(".") for k in keys())      # one put per shard, no temp keys
+    again = run_collect(cfg, uri, use_ray=False, progress=False)
+    assert again["collected"] == 0 and again["skipped_done"] == 2 and len(again["failed_before"]) == 1
+
+    seq = keys("sequences")[0]                    # as if an actor died before its commit: an orphan
+    fs.delete_file(seq)
+    s = run_collect(cfg, uri, use_ray=False, progress=False, retry_failed=True)
+    assert s["collected"] == 2 and s["failed"] == []
+    assert len(keys("sequences")) == 3 and len(keys("positions")) == 3 and keys("failures") == []
+
+    local = tmp_path / "copy"
+    pafs.copy_files("logs-bucket/run1", local.as_posix(), source_filesystem=fs,
+                    destination_filesystem=pafs.LocalFileSystem())
+    assert connect(local).sql("SELECT count(*) FROM positions").fetchall() == [(sum(
+        T - 1 for T in _rows(local, "sequences")["new_tokens"].to_pylist()),)]
+    from online.cli import main
+    assert main(["query", "--logs", uri, "SELECT 1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftgym: error: draftgym query reads local logs only, not s3://") and "\n" not in err
+
+
+def test_bad_out_uri_is_one_line(capsys):
+    for out, msg in [("foo://bucket/x", "cannot open --out foo://bucket/x: Unrecognized filesystem type in URI"),
+                     ("s3://b/x?bogus=1", "cannot open --out s3://b/x?bogus=1: Unexpected query parameter in S3 URI")]:
+        rc, _, err = _cli(["collect", "--head", "random", "--out", out], capsys)
+        assert rc == 2 and err.startswith(f"draftgym: error: {msg}") and err.count("\n") == 1

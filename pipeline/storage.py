@@ -1,0 +1,120 @@
+"""Where logs are written: a local path or any pyarrow filesystem URI (file://, s3://, gs://).
+
+`resolve_out` runs on the driver, so a relative local path means the driver's directory, not each
+Ray worker's. The resulting `LogStore` (a pyarrow FileSystem plus a root path on it) pickles, so it
+travels to the collection actors as it is; they write through it, and the driver's resume and
+orphan checks read through it too.
+
+Atomic writes: on a local filesystem a file is written under a temp name (`.<name>.<rand>.tmp`) and
+moved into place (rename); on an object store (S3, GCS) a single put is already atomic (a multipart
+upload becomes visible only when it completes), so the file is written to its final key.
+
+Readers (`draftgym query`, `simulator.logs`) read local directories only; `local_dir` turns a
+`file://` URI into a path and refuses other URIs with a one-line error.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pyarrow.fs as pafs
+
+from pipeline.errors import DraftGymError
+
+LOCAL_TYPES = ("local",)        # pyarrow type_name of filesystems that support an atomic rename
+
+
+def is_uri(s: str | Path) -> bool:
+    return isinstance(s, str) and "://" in s
+
+
+def resolve_out(out: str | Path) -> "LogStore":
+    """A local path (made absolute here, on the driver) or a pyarrow filesystem URI -> LogStore.
+    A URI pyarrow cannot open (unknown scheme, bad query parameters, missing S3/GCS support) is a
+    one-line DraftGymError."""
+    if not is_uri(out):
+        root = Path(out).expanduser().absolute()
+        return LogStore(pafs.LocalFileSystem(), root.as_posix(), root.as_posix())
+    try:
+        fs, path = pafs.FileSystem.from_uri(out)
+    except (ValueError, OSError, ImportError, NotImplementedError) as e:    # ArrowInvalid is a ValueError
+        raise DraftGymError(f"cannot open --out {out}: {_first_line(e)}") from None
+    return LogStore(fs, path.rstrip("/"), out)
+
+
+def local_dir(path: str | Path, what: str = "this command") -> Path:
+    """A readers' logs root: a local path, or a file:// URI as a path. s3://, gs:// ... are refused
+    with one line (copy them to a local directory first)."""
+    if not is_uri(path):
+        return Path(path)
+    if str(path).startswith("file://"):
+        return Path(resolve_out(path).root)
+    raise DraftGymError(f"{what} reads local logs only, not {path} (copy them to a local directory first, "
+                        "e.g. `aws s3 sync` / `gcloud storage rsync`)")
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
+
+
+@dataclass(frozen=True)
+class LogStore:
+    """A logs root on a pyarrow filesystem. Paths are '/'-joined strings on that filesystem."""
+
+    fs: pafs.FileSystem
+    root: str
+    uri: str            # as the user gave it (for messages); local paths: the absolute path
+
+    @property
+    def is_local(self) -> bool:
+        return self.fs.type_name in LOCAL_TYPES
+
+    def path(self, *parts: str | Path) -> str:
+        return "/".join([self.root.rstrip("/")] + [str(p).strip("/") for p in parts if str(p)])
+
+    def list_files(self, directory: str, suffix: str = "") -> list[str]:
+        """Base names of the files directly in `directory` ending in `suffix` ([] if it does not exist)."""
+        sel = pafs.FileSelector(directory, allow_not_found=True, recursive=False)
+        return sorted(i.base_name for i in self.fs.get_file_info(sel)
+                      if i.type == pafs.FileType.File and i.base_name.endswith(suffix))
+
+    def exists(self, path: str) -> bool:
+        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+
+    def delete(self, path: str) -> bool:
+        """Delete a file if it is there; True if it was."""
+        if not self.exists(path):
+            return False
+        self.fs.delete_file(path)
+        return True
+
+    def write_atomic(self, path: str, write: Callable[[object], None]) -> str:
+        """Call write(stream) on an output stream that becomes `path` all at once (see the module doc)."""
+        return atomic_write(self.fs, path, write)
+
+    def write_json(self, obj: dict, path: str) -> str:
+        data = (json.dumps(obj, indent=2, default=str) + "\n").encode()
+        return self.write_atomic(path, lambda f: f.write(data))
+
+
+def atomic_write(fs: pafs.FileSystem, path: str, write: Callable[[object], None]) -> str:
+    parent, name = path.rsplit("/", 1) if "/" in path else ("", path)
+    if parent:
+        fs.create_dir(parent, recursive=True)
+    if fs.type_name not in LOCAL_TYPES:          # object store: one put is atomic
+        with fs.open_output_stream(path) as f:
+            write(f)
+        return path
+    tmp = f"{parent}/.{name}.{uuid.uuid4().hex[:8]}.tmp" if parent else f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with fs.open_output_stream(tmp) as f:
+            write(f)
+        fs.move(tmp, path)                        # rename(2): atomic, replaces an existing file
+    finally:
+        if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
+            fs.delete_file(tmp)
+    return path
