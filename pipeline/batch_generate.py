@@ -47,6 +47,7 @@ from typing import Callable
 import torch
 
 from pipeline.errors import DraftGymError
+from pipeline.fingerprint import dtype_name
 from pipeline.verify import sample_token, target_forward
 
 
@@ -231,7 +232,7 @@ class ContinuationCache:
     def __init__(self, model_id: str, dtype: str | torch.dtype, root: Path | None = None):
         from pipeline.target import cache_dir
 
-        self.model_id, self.dtype = str(model_id), str(dtype).removeprefix("torch.")
+        self.model_id, self.dtype = str(model_id), dtype_name(dtype)
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", self.model_id)[-40:]
         tag = hashlib.sha1(self.model_id.encode()).hexdigest()[:8]
         self.path = Path(root or cache_dir() / "continuations") / f"{slug}-{tag}-{self.dtype}.jsonl"

@@ -22,7 +22,7 @@ from pipeline.collect_job import run_collect
 from pipeline.controller import StaticController
 from pipeline.datasets import load_prompts
 from pipeline.engine import Engine
-from pipeline.fingerprint import environment_fingerprint
+from pipeline.fingerprint import dtype_name, environment_fingerprint
 from pipeline.generate import load_head_for
 from pipeline.schema import read_table, table_files
 from pipeline.target import encode_prompt, load_target
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
         target = load_target(args.model, dtype=args.dtype)
         cfg = CollectConfig(model=args.model, head=args.head, dataset=args.dataset, split=args.split,
                             n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
-                            dtype=str(target.dtype).removeprefix("torch."))
+                            dtype=dtype_name(target.dtype))
         head = load_head_for(args.head, target.model)
         eng = Engine(target.model, head, target.eos_token_ids)
         recs = load_prompts(args.dataset, split=args.split, n=args.n_prompts)

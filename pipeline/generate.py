@@ -9,7 +9,7 @@ import torch
 from pipeline.controller import StaticController
 from pipeline.engine import Engine
 from pipeline.errors import DraftGymError
-from pipeline.fingerprint import device_name
+from pipeline.fingerprint import device_name, dtype_name
 from pipeline.head import load_head, random_head, resolve_head_dir
 from pipeline.target import encode_prompt, load_target
 
@@ -37,7 +37,7 @@ def run_generate(args) -> int:
     text = target.tokenizer.decode(res.output_ids, skip_special_tokens=True)
     if args.json:
         obj = {"text": text, "output_ids": res.output_ids, **res.summary(), "device": device_name(target.device, target.dtype),
-               "dtype": str(target.dtype).removeprefix("torch."),
+               "dtype": dtype_name(target.dtype),
                "model": args.model, "head": None if head is None else head.head_id,
                "config": {"depth": args.depth, "width": args.width, "verify_size": args.verify_size,
                           "temperature": args.temperature, "seed": args.seed, "max_new_tokens": args.max_new_tokens},

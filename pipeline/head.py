@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from pipeline.errors import DraftGymError, HeadMismatchError
+from pipeline.fingerprint import dtype_name
 from pipeline.head_model import (  # noqa: F401  (re-exported: callers import these from pipeline.head)
     ACCEPTED_ARCHITECTURES, ROPE_TYPES, WRITTEN_ARCHITECTURE, Eagle3Attention, Eagle3Config, Eagle3Head, Eagle3Layer,
     RMSNorm, Rope, apply_rope, causal_mask, rope_cos_sin, target_layer_ids)
@@ -254,7 +255,7 @@ def save_head(head: Eagle3Head, out_dir: str | Path, extra_config: dict | None =
     sd = {k: v.detach().to("cpu").contiguous() for k, v in head.state_dict().items()}
     if getattr(head, "shares_embedding", head.cfg.target_hidden_size in (None, head.cfg.hidden_size)):
         sd.pop("embed_tokens.weight", None)   # the target's; loading attaches it again
-    cfg = head.cfg.to_json() | {"torch_dtype": str(head.fc.weight.dtype).removeprefix("torch.")} | (extra_config or {})
+    cfg = head.cfg.to_json() | {"torch_dtype": dtype_name(head.fc.weight.dtype)} | (extra_config or {})
     tmp = out / "model.safetensors.tmp"
     save_file(sd, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / "model.safetensors")

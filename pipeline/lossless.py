@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from pipeline.fingerprint import dtype_name
+
 MANTISSA_BITS = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
 # tolerance in ulps of the row's largest |logit| (module docstring); fp32 has none: exact only
 NEAR_TIE_ULPS = {torch.bfloat16: 6.0, torch.float16: 6.0}
@@ -108,7 +110,7 @@ def classify(model, prompt_ids: list[int], ar_ids: list[int], spec_ids: list[int
              dtype: torch.dtype | None = None) -> LosslessVerdict:
     """Classify one prompt's EAGLE-3 output against its AR output (module docstring)."""
     dtype = dtype or next(model.parameters()).dtype
-    name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     k = first_difference(ar_ids, spec_ids)
     if k is None:
         return LosslessVerdict("exact", dtype=name)
@@ -169,5 +171,5 @@ def rounding_noise(model, sequences: list[list[int]], start: int, chunk: int = 8
             moves.append(mv)
             moves_ulp.append(mv / u)
             gaps_ulp.append((a1 - a2) / u)
-    return {"dtype": str(dtype).removeprefix("torch."), "chunk": chunk, "moves": moves, "moves_ulp": moves_ulp,
+    return {"dtype": dtype_name(dtype), "chunk": chunk, "moves": moves, "moves_ulp": moves_ulp,
             "gaps_ulp": gaps_ulp}

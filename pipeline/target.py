@@ -78,7 +78,9 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str | 
 
 def resolve_dtype_name(dtype: str | torch.dtype | None, device: torch.device | str | None = None) -> str:
     """resolve_dtype as the name logs record: 'float32' | 'bfloat16' | 'float16'."""
-    return str(resolve_dtype(dtype, device)).removeprefix("torch.")
+    from pipeline.fingerprint import dtype_name
+
+    return dtype_name(resolve_dtype(dtype, device))
 
 
 @dataclass
