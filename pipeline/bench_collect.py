@@ -1,11 +1,20 @@
-"""Collection benchmark (issue C): positions logged per second vs positions per second of online
-EAGLE-3 decoding at the static default, same machine, same prompts, same run; bytes per row.
+"""Collection benchmark (issues C and G): positions logged per second against the tokens per second
+of online EAGLE-3 decoding, same machine, same prompts, same run; per dtype and per prompt batch.
 
-    python -m pipeline.bench_collect --head default --dataset mt-bench --n-prompts 5 --out data/reports/bench_collect.json
+    python -m pipeline.bench_collect --dataset sharegpt --split test --n-prompts 16 --max-new-tokens 64 \\
+        --online-trees 8,10,60 2,10,8 --prompt-batches 1,4,16,64 --dtypes float32,bfloat16 \\
+        --out data/reports/bench_collect.json
 
 A "position" is one root of a cycle: collection logs every position of the continuation (for all
 max_depth x V-grid static trees at once); online decoding visits one position per emitted token.
 So the ratio says how much faster the logs of a prompt are made than decoding it once.
+
+Per dtype: online EAGLE-3 with each static tree of --online-trees on the first --n-prompts prompts
+(tokens/s per question, prefill included, as Spec-Bench), then `run_collect` in-process at each
+--prompt-batches b (continuations generated together at batch b, then teacher-forced and expanded
+8 prompts at a time, Parquet writes included, no continuation cache) on max(b, n) prompts: the same
+n prompts, plus the next ones of the split where b > n. Every collection starts from an empty
+output directory.
 """
 from __future__ import annotations
 
@@ -17,73 +26,123 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipeline.cliargs import DefaultsHelpFormatter, parse_positive_ints
 from pipeline.collect import CollectConfig
 from pipeline.collect_job import run_collect
 from pipeline.controller import StaticController
 from pipeline.datasets import load_prompts
 from pipeline.engine import Engine
+from pipeline.errors import DraftGymError
 from pipeline.fingerprint import dtype_name, environment_fingerprint
 from pipeline.generate import load_head_for
 from pipeline.schema import read_table, table_files
 from pipeline.target import encode_prompt, load_target
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--head", default="default")
-    ap.add_argument("--dataset", default="mt-bench")
-    ap.add_argument("--split", default="test")
-    ap.add_argument("--n-prompts", type=int, default=5)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--use-ray", action="store_true", help="collect through the Ray job (adds start-up time)")
-    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="compute dtype (default: bf16 on a GPU, pipeline.target.default_cpu_dtype on a CPU)")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+def parse_tree(spec: str) -> tuple[int, int, int]:
+    d = parse_positive_ints(spec, "--online-trees")
+    if len(d) != 3:
+        raise DraftGymError(f"--online-trees takes D,W,V triples, got {spec!r}")
+    return d
 
+
+def prompt_file(args, n: int, path: Path) -> Path:
+    """The first n prompts of the split with at most --max-prompt-tokens tokens, as a JSONL prompt file
+    (used whole by run_collect and by the online runs), so every measurement sees one prompt set."""
+    tok = load_target(args.model).tokenizer
+    recs = [r for r in load_prompts(args.dataset, split=args.split)
+            if args.max_prompt_tokens is None or len(encode_prompt(tok, list(r.messages))) <= args.max_prompt_tokens][:n]
+    if len(recs) < n:
+        raise DraftGymError(f"only {len(recs)} prompts of {args.dataset} {args.split} have <= {args.max_prompt_tokens} tokens")
+    path.write_text("".join(json.dumps({"prompt_id": r.prompt_id, "messages": list(r.messages)}) + "\n" for r in recs))
+    return path
+
+
+def online(args, dtype: str, tree: tuple[int, int, int]) -> dict:
+    """Online EAGLE-3 with a static tree on the first n prompts: tokens, seconds, tokens/s."""
+    target = load_target(args.model, dtype=dtype)
+    eng = Engine(target.model, load_head_for(args.head, target.model), target.eos_token_ids)
+    eng.generate(encode_prompt(target.tokenizer, "Hi"), 8)                               # warm-up
+    tokens, secs = 0, 0.0
+    for r in load_prompts(args.prompts, n=args.n_prompts):
+        res = eng.generate(encode_prompt(target.tokenizer, list(r.messages)), args.max_new_tokens,
+                           controller=StaticController(*tree))
+        tokens, secs = tokens + res.new_tokens, secs + res.wall_s
+    return {"tree": list(tree), "tokens": tokens, "wall_s": secs, "tokens_per_s": tokens / secs,
+            "environment": environment_fingerprint(target.device, target.dtype)}
+
+
+def collection(args, dtype: str, batch: int) -> dict:
+    """run_collect in-process at prompt batch `batch` on max(batch, n) prompts, from an empty directory."""
     tmp = Path(tempfile.mkdtemp(prefix="draftgym-bench-collect-"))
     try:
-        # online EAGLE-3 at the static default on the same prompts (model loaded once, warm-up first)
-        target = load_target(args.model, dtype=args.dtype)
-        cfg = CollectConfig(model=args.model, head=args.head, dataset=args.dataset, split=args.split,
-                            n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
-                            dtype=dtype_name(target.dtype))
-        head = load_head_for(args.head, target.model)
-        eng = Engine(target.model, head, target.eos_token_ids)
-        recs = load_prompts(args.dataset, split=args.split, n=args.n_prompts)
-        eng.generate(encode_prompt(target.tokenizer, "Hi"), 8)
-        online_tokens, online_s = 0, 0.0
-        for r in recs:
-            res = eng.generate(encode_prompt(target.tokenizer, list(r.messages)), args.max_new_tokens,
-                               controller=StaticController(8, 10, 60))
-            online_tokens += res.new_tokens
-            online_s += res.wall_s
-        env = environment_fingerprint(target.device, target.dtype)
-        del eng, target, head
-        # collection (in-process unless --use-ray), timed end to end including Parquet writes
+        cfg = CollectConfig(model=args.model, head=args.head, dataset=str(args.prompts), split=None,
+                            n_prompts=max(batch, args.n_prompts), max_new_tokens=args.max_new_tokens, dtype=dtype)
         t0 = time.perf_counter()
-        s = run_collect(cfg, tmp, use_ray=args.use_ray, progress=True)
-        collect_s = time.perf_counter() - t0
+        s = run_collect(cfg, tmp, use_ray=False, progress=False, prompt_batch=batch, continuation_cache=False)
+        wall = time.perf_counter() - t0
         files = table_files(tmp, "positions")
         rows = sum(read_table(f, "positions", columns=["position"]).num_rows for f in files)
         nbytes = sum(f.stat().st_size for f in files)
-        report = {"command": "python -m pipeline.bench_collect " + " ".join(argv or sys.argv[1:]),
-                  "date": time.strftime("%Y-%m-%d"), "environment": env,
-                  "config": json.loads(cfg.to_json()), "prompts": len(recs),
-                  "collect_positions": s["positions"], "collect_wall_s": collect_s,
-                  "collect_positions_per_s": s["positions"] / collect_s,
-                  "online_positions": online_tokens, "online_wall_s": online_s,
-                  "online_positions_per_s": online_tokens / online_s,
-                  "ratio": (s["positions"] / collect_s) / (online_tokens / online_s),
-                  "positions_rows": rows, "positions_bytes": nbytes, "bytes_per_row": nbytes / max(rows, 1)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    txt = json.dumps(report, indent=2)
-    print(txt)
+    if s["failed"]:
+        raise DraftGymError(f"collection failed on {len(s['failed'])} prompts: {s['failed'][0]}")
+    return {"prompt_batch": batch, "prompts": s["collected"], "positions": s["positions"], "wall_s": wall,
+            "positions_per_s": s["positions"] / wall, "bytes_per_row": nbytes / max(rows, 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=DefaultsHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="target model id or path")
+    ap.add_argument("--head", default="default", help="draft head ('default', 'random' or a path)")
+    ap.add_argument("--dataset", default="mt-bench", help="built-in prompt set or a file")
+    ap.add_argument("--split", default="test", help="split of the prompt set")
+    ap.add_argument("--n-prompts", type=int, default=8, help="prompts of the online runs (and of every collection)")
+    ap.add_argument("--max-prompt-tokens", type=int, default=None,
+                    help="only prompts of at most this many tokens (the positions/s of both sides fall with the "
+                         "context length, so the batch-64 set must be drawn like the first n)")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt, online and logged")
+    ap.add_argument("--online-trees", nargs="+", default=["8,10,60"], metavar="D,W,V",
+                    help="static trees decoded online (the static default is 8,10,60; add the machine's grid-best)")
+    ap.add_argument("--prompt-batches", default="8", help="comma-separated collection prompt batches")
+    ap.add_argument("--dtypes", default=None,
+                    help="comma-separated compute dtypes, each measured in turn in this run "
+                         "(default: pipeline.target.default_cpu_dtype on a CPU, bf16 on a GPU)")
+    ap.add_argument("--out", default=None, help="write the JSON report here")
+    args = ap.parse_args(argv)
+    trees = [parse_tree(t) for t in args.online_trees]
+    batches = parse_positive_ints(args.prompt_batches, "--prompt-batches")
+    dtypes = args.dtypes.split(",") if args.dtypes else [dtype_name(load_target(args.model).dtype)]
+    tmp = Path(tempfile.mkdtemp(prefix="draftgym-bench-prompts-"))
+    args.prompts = prompt_file(args, max([args.n_prompts, *batches]), tmp / "prompts.jsonl")
+
+    report = {"command": "python -m pipeline.bench_collect " + " ".join(argv or sys.argv[1:]),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": []}
+    for dt in dtypes:
+        run = {"dtype": dt, "online": [online(args, dt, t) for t in trees],
+               "collection": [collection(args, dt, b) for b in batches]}
+        run["environment"] = run["online"][0].pop("environment")
+        for o in run["online"][1:]:
+            o.pop("environment")
+        for c in run["collection"]:
+            c["ratio"] = {",".join(map(str, o["tree"])): c["positions_per_s"] / o["tokens_per_s"] for o in run["online"]}
+        report["runs"].append(run)
+        print(json.dumps(run), flush=True)
+    lines = ["| dtype | online tree (D,W,V): tokens/s | " + " | ".join(f"collection, prompt batch {b}: positions/s (x each online)"
+                                                                     for b in batches) + " |",
+             "|---" * (2 + len(batches)) + "|"]
+    for run in report["runs"]:
+        on = "; ".join(f"({','.join(map(str, o['tree']))}) {o['tokens_per_s']:.1f}" for o in run["online"])
+        cells = [f"{c['positions_per_s']:.1f} (" + ", ".join(f"{r:.2f}x" for r in c["ratio"].values()) + ")"
+                 for c in run["collection"]]
+        lines.append(f"| {run['dtype']} | {on} | " + " | ".join(cells) + " |")
+    report["table"] = "\n".join(lines)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(report["table"])
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(txt + "\n")
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

@@ -167,44 +167,74 @@ def acceptance_table(pool, cont: torch.Tensor, max_depth: int, grid: torch.Tenso
     return L
 
 
-@torch.inference_mode()
-def acceptance_dist(model, cache, pool, b: int, root_token: int, n: int, max_depth: int, verify_size: int,
-                    temperature: float) -> np.ndarray:
-    """P(L = l) for the trees (D, W, verify_size), D = 1..max_depth, of one root: [max_depth, max_depth + 1].
+DIST_ROWS = 512   # tree nodes of several roots verified in one forward (bounds the [rows, vocab] logits)
 
-    One target forward over the union of those trees (on the teacher-forced cache, prefix < n).
+
+@torch.inference_mode()
+def acceptance_dists(model, cache, pool, bs: list[int], root_tokens: list[int], ns: list[int], max_depth: int,
+                     verify_size: int, temperature: float) -> list[np.ndarray]:
+    """P(L = l) for the trees (D, W, verify_size), D = 1..max_depth, of roots bs of the pool (all of one
+    sequence): one [max_depth, max_depth + 1] array per root.
+
+    Per root, the union of those trees is verified on the teacher-forced cache (prefix < n), the
+    unions of several roots side by side in one target forward (block-diagonal tree masks, each
+    block seeing its own prefix < n_b), up to DIST_ROWS nodes per forward.
     Under EAGLE's sampling rule the emitted token is distributed as p_target and the path goes on
     exactly when it is a drafted child, so reaching node i has probability prod_{k on path} p(tok_k | parent)
     and P(L >= j) = sum over selected depth-j nodes of that product.
     """
     W = pool.width
-    order = rank_nodes(pool.scores[b : b + 1])[0]
-    sel = []                                                            # pool indices selected per D
-    for D in range(1, max_depth + 1):
-        n_D = W + (D - 1) * W * W
-        sel.append(order[order < n_D][: max(0, verify_size - 1)])
-    union = torch.unique(torch.cat(sel))
-    tree = tree_from_nodes(pool, b, root_token, union)
     N = cache.get_seq_length()                                          # the whole teacher-forced sequence
-    mask = tree_attention_mask(tree, N, next(model.parameters()).dtype, visible=n)
-    logits, _ = target_forward(model, tree.tokens[None], (n + tree.depths)[None], cache, mask, hidden_states=False)
-    crop_cache(cache, N)
+    dtype = next(model.parameters()).dtype
+    trees, sels = [], []
+    for b, root_token in zip(bs, root_tokens):
+        order = rank_nodes(pool.scores[b : b + 1])[0]
+        sel = [order[order < W + (D - 1) * W * W][: max(0, verify_size - 1)] for D in range(1, max_depth + 1)]
+        trees.append(tree_from_nodes(pool, b, root_token, torch.unique(torch.cat(sel))))
+        sels.append(sel)
+    out, i0 = [], 0
+    while i0 < len(trees):                                              # chunks of roots, <= DIST_ROWS nodes
+        i1 = i0 + 1
+        while i1 < len(trees) and sum(t.size for t in trees[i0 : i1 + 1]) <= DIST_ROWS:
+            i1 += 1
+        chunk, sizes = trees[i0:i1], [t.size for t in trees[i0:i1]]
+        Q, dev = sum(sizes), chunk[0].tokens.device
+        allowed = torch.zeros(Q, N + Q, dtype=torch.bool, device=dev)  # [Q, N + Q]
+        o = 0
+        for t, n in zip(chunk, ns[i0:i1]):
+            allowed[o : o + t.size, :n] = True                          # its own prefix
+            allowed[o : o + t.size, N + o : N + o + t.size] = t.mask    # its ancestors and itself
+            o += t.size
+        mask = torch.zeros(Q, N + Q, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
+        tokens = torch.cat([t.tokens for t in chunk])
+        pos = torch.cat([n + t.depths for t, n in zip(chunk, ns[i0:i1])])
+        logits, _ = target_forward(model, tokens[None], pos[None], cache, mask[None, None], hidden_states=False)
+        crop_cache(cache, N)
+        for t, sel, lg in zip(chunk, sels[i0:i1], logits.split(sizes)):
+            out.append(_dist_of_tree(t, sel, lg, max_depth, temperature))
+        i0 = i1
+    return out
+
+
+def _dist_of_tree(tree, sel, logits: torch.Tensor, max_depth: int, temperature: float) -> np.ndarray:
+    """[max_depth, max_depth + 1] P(L = l) of the trees sel[D-1] (pool indices) inside a verified union
+    tree; logits: [V_u, vocab] of its nodes."""
     probs = torch.softmax(logits / temperature, dim=-1)                 # [V_u, vocab]
-    par = tree.parents.tolist()
-    q = probs[tree.parents.clamp(min=0), tree.tokens]                   # [V_u] p(tok_i | parent)
-    reach = torch.ones(tree.size, dtype=torch.float64)
-    for i in range(1, tree.size):                                       # parents precede children
-        reach[i] = reach[par[i]] * float(q[i])
-    pos_of = {int(x): i for i, x in enumerate(tree.pool_index.tolist())}
-    depth_t = tree.depths.tolist()
+    q = probs[tree.parents.clamp(min=0), tree.tokens].double().cpu()    # [V_u] p(tok_i | parent)
+    parents, depths, pool_index = tree.parents.cpu(), tree.depths.cpu(), tree.pool_index.cpu()
+    reach = torch.ones(tree.size, dtype=torch.float64)                  # [V_u] P(the path reaches node i)
+    for d in range(1, int(depths.max()) + 1):                           # parents precede children by depth
+        rows = (depths == d).nonzero().flatten()
+        reach[rows] = reach[parents[rows]] * q[rows]
+    pos_of = torch.full((int(pool_index.max()) + 2,), -1, dtype=torch.long)
+    pos_of[pool_index + 1] = torch.arange(tree.size)                    # pool index -> tree row (root: -1 -> 0)
     out = np.zeros((max_depth, max_depth + 1), np.float32)
     for D in range(1, max_depth + 1):
-        ge = np.zeros(max_depth + 2)                                    # ge[j] = P(L >= j)
+        rows = pos_of[sel[D - 1].cpu() + 1]
+        ge = torch.zeros(max_depth + 2, dtype=torch.float64)            # ge[j] = P(L >= j)
         ge[0] = 1.0
-        for x in sel[D - 1].tolist():
-            i = pos_of[x]
-            ge[depth_t[i]] += float(reach[i])
-        out[D - 1] = np.clip(ge[: max_depth + 1] - ge[1 : max_depth + 2], 0.0, 1.0)
+        ge.index_add_(0, depths[rows], reach[rows])
+        out[D - 1] = np.clip((ge[: max_depth + 1] - ge[1 : max_depth + 2]).numpy(), 0.0, 1.0)
     return out
 
 
@@ -233,12 +263,17 @@ def root_columns(pool, p: torch.Tensor, n: torch.Tensor, y_t: torch.Tensor, W: i
             "beam_scores": beam.reshape(B, -1), "candidate_scores": cand.reshape(B, -1), "entropy": ent.reshape(B, -1)}
 
 
-def _dist(engine: Engine, cache, pool, i: int, y: list[int], p: int, n: int, cfg: CollectConfig):
-    """T > 0: root i's acceptance distributions [Dmax * (Dmax+1)], or None where subsampled out."""
-    if p % cfg.dist_every:
-        return None
-    return acceptance_dist(engine.model, cache, pool, i, y[p], n, cfg.max_depth, cfg.dist_verify_size,
-                           cfg.temperature).reshape(-1)
+def _dists(engine: Engine, cache, pool, rows: list[int], y: list[int], p: list[int], n: list[int],
+           cfg: CollectConfig) -> list:
+    """T > 0: the acceptance distributions [Dmax * (Dmax+1)] of pool rows `rows` (roots y_p, context n,
+    all of one sequence), None where subsampled out by dist_every."""
+    keep = [i for i, pi in enumerate(p) if pi % cfg.dist_every == 0]
+    got = acceptance_dists(engine.model, cache, pool, [rows[i] for i in keep], [y[p[i]] for i in keep],
+                           [n[i] for i in keep], cfg.max_depth, cfg.dist_verify_size, cfg.temperature)
+    out = [None] * len(p)
+    for i, d in zip(keep, got):
+        out[i] = d.reshape(-1)
+    return out
 
 
 def _assemble(chunks: list[dict], dists: list, with_dist: bool) -> dict:
@@ -279,7 +314,7 @@ def collect_prompt(engine: Engine, head: Eagle3Head, prompt_ids: list[int], cfg:
                                W, cfg.max_depth, context_len=n.tolist())
             chunks.append(root_columns(pool, p, n, y_t.expand(len(p), -1), W, cfg, grid))
             if with_dist:
-                dists += [_dist(engine, cache, pool, i, y, int(pi), int(n[i]), cfg) for i, pi in enumerate(p)]
+                dists += _dists(engine, cache, pool, list(range(len(p))), y, p.tolist(), n.tolist(), cfg)
         per_width[W] = _assemble(chunks, dists, with_dist)
     return PromptLog(output_tokens=y, new_tokens=T, stop_reason=stop, positions=per_width)
 
@@ -369,8 +404,9 @@ def _collect_group(engine: Engine, head: Eagle3Head, prompts, conts, cfg: Collec
                 sel = r_np == q
                 chunks[q].append({k: v[sel] for k, v in cols.items()})
                 if with_dist:
-                    dists[q] += [_dist(engine, row_cache(int(q)), pool, i, conts[q][0], int(p_np[i]), int(n[i]), cfg)
-                                 for i in np.nonzero(sel)[0]]
+                    idx = np.nonzero(sel)[0].tolist()
+                    dists[q] += _dists(engine, row_cache(int(q)), pool, idx, conts[q][0], p_np[idx].tolist(),
+                                       n[idx].tolist(), cfg)
         for q in range(G):
             per_prompt[q][W] = _assemble(chunks[q], dists[q], with_dist)
     return [PromptLog(output_tokens=c[0], new_tokens=c[1], stop_reason=c[2], positions=per_prompt[q])

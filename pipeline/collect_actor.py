@@ -19,13 +19,32 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from pipeline.collect import CollectConfig, collect_prompt, collect_prompts
+from pipeline.collect import CollectConfig, collect_prompt, collect_prompts, generate_continuations
 from pipeline.errors import DraftGymError
 from pipeline.schema import FAILURES, SCHEMA_VERSION, SEQUENCES, partition_parts, positions_schema, write_atomic
 from pipeline.storage import LogStore
 
 FAIL_AFTER_ENV = "DRAFTGYM_FAIL_AFTER"    # tests: the actor dies (outside the per-prompt try) after N prompts
-FAIL_PROMPT_ENV = "DRAFTGYM_FAIL_PROMPT"  # tests: comma-separated prompt ids that raise inside the per-prompt try
+FAIL_PROMPT_ENV = "DRAFTGYM_FAIL_PROMPT"
+# Prompts teacher-forced and expanded together: at most GROUP_PROMPTS, and at most GROUP_TOKENS padded
+# tokens (the group is right-padded to its longest sequence, and every layer's hidden states are held
+# at once). Continuations are generated together in batches of at most GEN_TOKENS slot tokens (rows x
+# the longest row's prompt + new tokens), since every decode step attends over the longest live row.
+# Measured (BENCHMARKS.md I3): without these caps, one 2,585-token ShareGPT prompt in a batch of 64 made
+# all 64 rows attend over 2,600 keys and padded its group of 8 to 8 x 2,650 tokens.
+GROUP_PROMPTS, GROUP_TOKENS, GEN_TOKENS = 16, 4096, 32768
+
+
+def length_groups(lengths: list[int], max_items: int, max_tokens: int) -> list[list[int]]:
+    """Consecutive groups of indices (lengths sorted ascending) with at most max_items members and
+    members x the group's longest length <= max_tokens (a longer single item is a group alone)."""
+    groups, cur = [], []
+    for i, n in enumerate(lengths):
+        if cur and (len(cur) + 1 > max_items or (len(cur) + 1) * n > max_tokens):
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    return groups + ([cur] if cur else [])  # tests: comma-separated prompt ids that raise inside the per-prompt try
 
 
 def prompt_hash(prompt_id: str) -> str:
@@ -57,7 +76,8 @@ class CollectorActor:
     (status 'ok', 'skipped: <why>' or 'failed: <error>')."""
 
     def __init__(self, cfg_json: str, store: LogStore, device: str | None = None, fail_after: int = 0,
-                 fail_prompts: tuple[str, ...] = (), model_path: str | None = None, head_spec: str | None = None):
+                 fail_prompts: tuple[str, ...] = (), model_path: str | None = None, head_spec: str | None = None,
+                 continuation_cache: bool = True):
         import torch
 
         from pipeline.engine import Engine
@@ -71,6 +91,13 @@ class CollectorActor:
         self.env_json = json.dumps(environment_fingerprint(self.target.device, self.target.dtype))
         self.head = load_head_for(head_spec or self.cfg.head, self.target.model, self.cfg.seed)
         self.engine = Engine(self.target.model, self.head, self.target.eos_token_ids)
+        # continuations on disk ($DRAFTGYM_CACHE/continuations on the actor's node), reused by later runs
+        # with another head or widths; the device name (backend, threads) is in the key, since the
+        # rounding of another device could change a greedy continuation at a near-tie
+        from pipeline.batch_generate import ContinuationCache
+        from pipeline.fingerprint import device_name
+        self.continuations = (ContinuationCache(f"{self.cfg.model}|{device_name(self.target.device)}", self.cfg.dtype)
+                              if continuation_cache else None)
         self.fail_after, self.fail_prompts = fail_after, set(fail_prompts)
         self.done = 0
         torch.manual_seed(self.cfg.seed)
@@ -94,38 +121,73 @@ class CollectorActor:
                 emit(pid, f"skipped: {e}")
                 continue
             todo.append((pid, ds, split, ids, t0))
-        # the batch together (pipeline.collect.collect_prompts: batched generation, teacher forcing and
-        # tree expansion); if that raises (an OOM on one long prompt), each prompt alone, so that one
-        # bad prompt fails alone and the others are still committed
-        logs = {}
-        together = [x for x in todo if x[0] not in self.fail_prompts]
-        if len(together) > 1:
-            try:
-                for x, log in zip(together, collect_prompts(self.engine, self.head, [x[3] for x in together], self.cfg,
-                                                            batch_size=len(together))):
-                    logs[x[0]] = log
-            except Exception:
-                logs = {}
-                self._free_memory()
-        for pid, ds, split, ids, t0 in todo:
-            if self.fail_after and self.done >= self.fail_after:   # a killed actor, not a failed prompt
-                raise RuntimeError(f"injected failure after {self.done} prompts ({FAIL_AFTER_ENV})")
-            error = None
-            try:
-                if pid in self.fail_prompts:
-                    raise RuntimeError(f"injected failure on prompt {pid} ({FAIL_PROMPT_ENV})")
-                log = logs.pop(pid, None) or collect_prompt(self.engine, self.head, ids, self.cfg)
-                n = self._write(pid, ds, split, ids, log, time.perf_counter() - t0)
-            except Exception as e:              # OOM (torch.cuda.OutOfMemoryError, MemoryError), a bug: this prompt only
-                error = error_line(e)
-            if error is not None:
-                self._free_memory()
-                self._write_failure(pid, ds, split, error)
-                emit(pid, f"failed: {error}", seconds=time.perf_counter() - t0)
-                continue
-            self.done += 1
-            emit(pid, "ok", n, time.perf_counter() - t0)
+        # The batch together: continuations of all its prompts in one batched generation, then teacher
+        # forcing and tree expansion in groups of similar length (GROUP_PROMPTS, GROUP_TOKENS; pipeline.collect.collect_prompts), each
+        # group written before the next starts. If the batched path raises (an OOM on one long prompt),
+        # the prompts concerned run alone, so that one bad prompt fails alone and the others commit.
+        # by prompt length: the batched generation's rows attend over the longest live row's span, and a
+        # teacher-forcing group is padded to its longest prompt, so similar lengths together waste least
+        todo.sort(key=lambda x: len(x[3]))
+        t_gen = time.perf_counter()
+        conts = self._continuations([x for x in todo if x[0] not in self.fail_prompts])
+        gen_share = (time.perf_counter() - t_gen) / max(len(conts), 1)   # a prompt's share of the batched generation
+        seq_len = [len(x[3]) + self.cfg.max_new_tokens + self.cfg.max_depth for x in todo]
+        for gi in length_groups(seq_len, GROUP_PROMPTS, GROUP_TOKENS):
+            group = [todo[i] for i in gi]
+            t_group = time.perf_counter()
+            logs = self._collect_group([x for x in group if x[0] in conts], conts)
+            group_share = (time.perf_counter() - t_group) / max(len(logs), 1)
+            for pid, ds, split, ids, _ in group:
+                t0 = time.perf_counter()
+                shared = gen_share + group_share if pid in logs else 0.0   # collect_s: this prompt's share
+                if self.fail_after and self.done >= self.fail_after:   # a killed actor, not a failed prompt
+                    raise RuntimeError(f"injected failure after {self.done} prompts ({FAIL_AFTER_ENV})")
+                error = None
+                try:
+                    if pid in self.fail_prompts:
+                        raise RuntimeError(f"injected failure on prompt {pid} ({FAIL_PROMPT_ENV})")
+                    log = logs.pop(pid, None) or collect_prompt(self.engine, self.head, ids, self.cfg)
+                    n = self._write(pid, ds, split, ids, log, shared + time.perf_counter() - t0)
+                except Exception as e:              # OOM (torch.cuda.OutOfMemoryError, MemoryError), a bug: this prompt only
+                    error = error_line(e)
+                if error is not None:
+                    self._free_memory()
+                    self._write_failure(pid, ds, split, error)
+                    emit(pid, f"failed: {error}", seconds=time.perf_counter() - t0)
+                    continue
+                self.done += 1
+                emit(pid, "ok", n, shared + time.perf_counter() - t0)
         return {k: np.array(v) for k, v in rows.items()}
+
+    def _continuations(self, todo) -> dict:
+        """{prompt_id: (y, T, stop)} for the prompts of `todo` (sorted by length), generated together in
+        batches of at most GEN_TOKENS slot tokens, or read from the continuation cache; {} if the batched generation raised (each prompt then
+        generates its own, alone)."""
+        out = {}
+        span = [len(x[3]) + self.cfg.max_new_tokens + self.cfg.max_depth for x in todo]   # todo: sorted by length
+        for gi in length_groups(span, len(todo), GEN_TOKENS):
+            part = [todo[i] for i in gi]
+            try:
+                conts = generate_continuations(self.engine, [x[3] for x in part], self.cfg, self.cfg.max_depth,
+                                               cache=self.continuations, batch_size=len(part))
+            except Exception:
+                self._free_memory()
+                continue
+            out.update({x[0]: c for x, c in zip(part, conts)})
+        return out
+
+    def _collect_group(self, group, conts: dict) -> dict:
+        """{prompt_id: PromptLog} for a group with continuations, teacher-forced and expanded together;
+        {} if that raised."""
+        if not group:
+            return {}
+        try:
+            logs = collect_prompts(self.engine, self.head, [x[3] for x in group], self.cfg,
+                                   continuations=[conts[x[0]] for x in group], batch_size=len(group))
+        except Exception:
+            self._free_memory()
+            return {}
+        return {x[0]: log for x, log in zip(group, logs)}
 
     @staticmethod
     def _free_memory() -> None:

@@ -89,7 +89,8 @@ def _local_or_id(spec: str, reserved: tuple[str, ...] = ()) -> str:
 def run_collect(cfg: CollectConfig, out: str | Path | LogStore, num_actors: int | None = None,
                 num_gpus: float | None = None, cpus_per_actor: float | None = None, use_ray: bool = True,
                 progress: bool = True, device: str | None = None, fail_after: int = 0,
-                fail_prompts: tuple[str, ...] = (), retry_failed: bool = False, prompt_batch: int = 8) -> dict:
+                fail_prompts: tuple[str, ...] = (), retry_failed: bool = False, prompt_batch: int = 64,
+                continuation_cache: bool = True) -> dict:
     """Collect logs for every prompt of cfg.dataset not yet collected (nor failed, unless retry_failed)
     under this run_key. out: a local path, a pyarrow filesystem URI or a LogStore. num_actors /
     num_gpus / cpus_per_actor: None = from the cluster's resources (pipeline.cluster.plan_actors).
@@ -149,6 +150,7 @@ def run_collect(cfg: CollectConfig, out: str | Path | LogStore, num_actors: int 
     items = [{"prompt_id": r.prompt_id, "dataset": r.dataset, "split": r.split,
               "messages": json.dumps(list(r.messages))} for r in todo]
     actor_kw = dict(cfg_json=cfg.to_json(), store=store, device=device, fail_after=fail_after,
+                    continuation_cache=continuation_cache,
                     fail_prompts=fail_prompts, model_path=_local_or_id(cfg.model),
                     head_spec=_local_or_id(cfg.head, ("random", "default")))
     t0 = time.perf_counter()
@@ -216,9 +218,16 @@ def add_collect(sub) -> None:
     p.add_argument("--retry-failed", action="store_true",
                    help="collect again the prompts recorded in the failures table by an earlier run of the same "
                         "command (without it they are skipped and listed); a success deletes their failures row")
-    p.add_argument("--prompt-batch", type=int, default=8,
-                   help="prompts collected together by one actor (batched continuations, teacher forcing and "
-                        "tree expansion: pipeline.collect.collect_prompts); 1 = one prompt at a time")
+    p.add_argument("--prompt-batch", type=int, default=64,
+                   help="prompts one actor takes at a time: their continuations are generated together at this "
+                        "batch size (cached on the actor's node under $DRAFTGYM_CACHE/continuations), then "
+                        "teacher-forced and expanded in groups of similar length (<= 16 prompts, <= 4096 padded tokens), "
+                        "each group committed before the next "
+                        "(pipeline.collect.collect_prompts); 1 = one prompt at a time")
+    p.add_argument("--no-continuation-cache", action="store_true",
+                   help="generate every continuation afresh: neither read nor write $DRAFTGYM_CACHE/continuations "
+                        "(benchmarks; by default a continuation is reused by any later run with the same model, "
+                        "dtype, device, prompt, temperature, seed and length, whatever the head or widths)")
     p.add_argument("--no-ray", action="store_true", help="run in-process (debugging)")
     add_device_dtype(p)
     p.add_argument("--out", default="data/logs",
@@ -253,6 +262,7 @@ def _run_collect_cli(args) -> int:
         resolve_head_dir(args.head)
     s = run_collect(cfg, store, num_actors=args.num_actors, num_gpus=args.num_gpus, cpus_per_actor=args.cpus_per_actor,
                     use_ray=not args.no_ray, device=args.device, retry_failed=args.retry_failed,
+                    continuation_cache=not args.no_continuation_cache,
                     prompt_batch=args.prompt_batch)
     if args.json:
         print(json.dumps(s))

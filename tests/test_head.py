@@ -149,3 +149,47 @@ def test_config_from_official_json_defaults():
     head = Eagle3Head(Eagle3Config(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                    num_key_value_heads=2, vocab_size=50, draft_vocab_size=20), (2, 4, 5))
     assert head.lm_head.weight.shape == (20, 64) and head.fc.weight.shape == (64, 192)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gqa_attention_equals_repeated_keys_bit_for_bit(dtype):
+    """The head's grouped-query attention (query heads folded onto their kv head, no repeat) gives the
+    same bits as SDPA over repeat_interleave'd keys, for the masks the project uses: causal [q, K],
+    per-root [B, 1, q, K] with -inf holes; a per-head mask takes the repeat path and agrees too."""
+    import torch.nn.functional as F
+    from pipeline.head_model import causal_mask, gqa_attention
+
+    g = torch.Generator().manual_seed(0)
+    B, nkv, rep, q, K, d = 3, 2, 3, 5, 17, 8
+    qs = torch.randn(B, nkv * rep, q, d, generator=g).to(dtype)
+    ks, vs = (torch.randn(B, nkv, K, d, generator=g).to(dtype) for _ in range(2))
+    holes = torch.zeros(B, 1, q, K, dtype=dtype).masked_fill_(torch.rand(B, 1, q, K, generator=g) < 0.3, float("-inf"))
+    holes[..., 0] = 0
+    per_head = holes.expand(B, nkv * rep, q, K).clone()
+    per_head[:, 1, :, 1] = float("-inf")
+    for mask in (causal_mask(q, K - q, "cpu", dtype), holes, per_head):
+        ref = F.scaled_dot_product_attention(qs, ks.repeat_interleave(rep, 1), vs.repeat_interleave(rep, 1),
+                                             attn_mask=mask)
+        assert torch.equal(gqa_attention(qs, ks, vs, mask), ref)
+
+
+def test_kv_buffer_forward_equals_concatenated_past(tiny_llama):
+    """A head forward over a KVBuffer (prefix copied once, entries written in place) equals one over
+    the concatenated [prefix | new] past, and the buffer then holds exactly that concatenation."""
+    from pipeline.head_model import KVBuffer
+
+    head = random_head(tiny_llama, seed=3)
+    cfg, g = head.cfg, torch.Generator().manual_seed(1)
+    B, S, W = 2, 6, 3
+    pk, pv = (torch.randn(1, cfg.num_key_value_heads, S, cfg.dim_head, generator=g) for _ in range(2))
+    toks = torch.randint(0, cfg.vocab_size, (B, W), generator=g)
+    hidden = torch.randn(B, W, cfg.hidden_size, generator=g)
+    mask = torch.zeros(B, 1, W, S + W)
+    with torch.inference_mode():
+        buf = KVBuffer((pk, pv), B, 2 * W)
+        a = head(toks, hidden, torch.full((B, W), S), past_kv=buf, attn_mask=mask)
+        b = head(toks, hidden, torch.full((B, W), S), past_kv=(pk.expand(B, -1, -1, -1), pv.expand(B, -1, -1, -1)),
+                 attn_mask=mask)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert buf.length == S + W and torch.equal(buf.keys[:, :, :S], pk.expand(B, -1, -1, -1))
+    assert torch.equal(buf.keys[:, :, S : S + W], b[2][0])

@@ -254,3 +254,146 @@ def test_cli_registers_train_draft():
     cfg = config_from_args(args)
     assert cfg.datasets == ("sharegpt", "gsm8k") and cfg.n_prompts == 10 and cfg.ttt_steps == 3
     assert cfg.time_budget_min == 5 and cfg.draft_vocab_size == 8192
+
+
+# ----------------------------------------------------------------------------- issue H: init, resume, data, curriculum
+
+def test_init_cross_entropy_at_or_below_uniform(distilled, tmp_path):
+    """A fresh head's TTT loss at initialisation is at or below that of the uniform guess (cross-entropy
+    ln(draft vocab) at every step) for the target-based inits (the logit scale is calibrated on the
+    first batch), each step's cross-entropy is near ln(draft vocab) or below, and the calibration is
+    recorded."""
+    import math
+
+    model, seqs = distilled
+    uniform = sum(0.8 ** i * math.log(64) for i in range(4))
+    for init in ("passthrough", "target"):
+        man = train_head(_cfg(steps=1, init=init, out=str(tmp_path / init)), model, seqs, tmp_path / init,
+                         tmp_path / f"w-{init}", progress_bar=False)
+        ce, at = man["init"]["ce_per_step"], man["init"]["loss_at_scale"]
+        assert man["init"]["init"] == init and man["init"]["logit_scale"] in (1.0, 0.7, 0.5, 0.35, 0.25, 0.18, 0.12,
+                                                                              0.08, 0.05, 0.0)
+        assert abs(at["0.0"] - uniform) < 1e-3                          # scale 0: the uniform guess, exactly
+        assert at[str(man["init"]["logit_scale"])] <= uniform + 1e-4
+        assert all(c <= 1.05 * math.log(64) for c in ce), (init, ce)
+        # the unscaled init is what the calibration improves on: never better than the chosen scale
+        assert man["init"]["loss_at_scale"]["1.0"] >= man["init"]["loss_at_scale"][str(man["init"]["logit_scale"])]
+
+
+def test_passthrough_init_starts_as_the_logit_lens(distilled):
+    """passthrough: fc passes the highest fused layer through and the attention/MLP outputs are zero,
+    so the head's output g equals that target layer's hidden state."""
+    model, seqs = distilled
+    ids = torch.tensor([seqs[0].ids])
+    head = build_head(model, torch.arange(64), _cfg(init="passthrough"))
+    from pipeline.verify import target_forward as tf
+    from transformers import DynamicCache
+    _, hs = tf(model, ids, torch.arange(ids.shape[1])[None], DynamicCache(config=model.config))
+    with torch.no_grad():
+        g, _, _ = head(ids, head.fuse(hs), torch.arange(ids.shape[1]))
+    assert torch.allclose(g, hs[head.layer_ids[2]], atol=1e-6)
+
+
+def test_resume_refuses_changed_data_and_missing_or_ignored_checkpoints(distilled, tmp_path):
+    from pipeline.errors import DraftGymError
+
+    model, seqs = distilled
+    train_head(_cfg(steps=4), model, seqs, tmp_path / "h", tmp_path / "w", progress_bar=False)
+    with pytest.raises(DraftGymError, match="holds a run of this --out: pass --resume to continue it or --restart"):
+        train_head(_cfg(steps=4), model, seqs, tmp_path / "h", tmp_path / "w", progress_bar=False)
+    with pytest.raises(DraftGymError, match="trained on other data .16 sequences.*now 15"):
+        train_head(_cfg(steps=8, resume=True), model, seqs[:15], tmp_path / "h", tmp_path / "w", progress_bar=False)
+    with pytest.raises(DraftGymError, match=r"other settings \(ttt_steps 4 -> 3\)"):
+        train_head(_cfg(steps=8, resume=True, ttt_steps=3), model, seqs, tmp_path / "h", tmp_path / "w",
+                   progress_bar=False)
+    with pytest.raises(DraftGymError, match="--resume: no checkpoint in"):
+        train_head(_cfg(steps=4, resume=True), model, seqs, tmp_path / "h2", tmp_path / "w2", progress_bar=False)
+    again = train_head(_cfg(steps=2, restart=True), model, seqs, tmp_path / "h", tmp_path / "w", progress_bar=False)
+    assert again["training"]["steps"] == 2
+
+
+def test_session_budget_stops_without_changing_the_schedule(distilled, tmp_path):
+    """--session-budget-min ends this session (checkpoint + head); the schedule still runs over the
+    total budget, and the sessions are listed in the manifest."""
+    model, seqs = distilled
+    man = train_head(_cfg(steps=None, time_budget_min=60, session_budget_min=1e-6), model, seqs, tmp_path / "h",
+                     tmp_path / "w", progress_bar=False)
+    t = man["training"]
+    assert t["stop_reason"] == "session" and t["steps"] <= 1 and len(t["sessions"]) == 1
+    assert t["sessions"][0]["stop_reason"] == "session" and "cpu_model" in t["sessions"][0]
+    man2 = train_head(_cfg(steps=None, time_budget_min=60, session_budget_min=1e-6, resume=True), model, seqs,
+                      tmp_path / "h", tmp_path / "w", progress_bar=False)
+    assert len(man2["training"]["sessions"]) == 2
+
+
+def test_ttt_curriculum():
+    from pipeline.errors import DraftGymError
+    from pipeline.train_draft import parse_curriculum, ttt_steps_at
+
+    cur = parse_curriculum("2@0,4@0.5", 4)
+    assert cur == [(0.0, 2), (0.5, 4)]
+    assert [ttt_steps_at(cur, 4, p) for p in (0.0, 0.49, 0.5, 0.99)] == [2, 2, 4, 4]
+    assert ttt_steps_at([], 7, 0.3) == 7
+    for bad, msg in (("4@0.2", "start at 0"), ("2@0,3@0.5,4@0.4", "increase"), ("9@0", "1..ttt_steps"), ("x", "K@FRACTION")):
+        with pytest.raises(DraftGymError, match=msg):
+            parse_curriculum(bad, 4)
+
+
+def test_curriculum_run_logs_its_steps(distilled, tmp_path):
+    model, seqs = distilled
+    man = train_head(_cfg(steps=20, ttt_curriculum=("2@0", "4@0.5"), log_every=5), model, seqs, tmp_path / "h",
+                     tmp_path / "w", progress_bar=False)
+    ks = {p["step"]: p["ttt_steps"] for p in man["curve"] if "ttt_steps" in p}
+    assert ks[5] == 2 and ks[20] == 4
+
+
+def test_frozen_dataset_roundtrip_and_bad_files(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.errors import DraftGymError
+    from pipeline.train_draft import freeze_sequences, load_frozen
+
+    seqs = [TrainSequence([1, 2, 3, 4], 2, "a/1"), TrainSequence([5, 6], 1, "ref:b/2")]
+    info = freeze_sequences(seqs, tmp_path / "d.parquet", {"datasets": {"a": 1}})
+    got, meta = load_frozen(tmp_path / "d.parquet")
+    assert got == seqs and meta == {"datasets": {"a": 1}} and info["sequences"] == 2 and info["tokens"] == 6
+    assert len(info["sha256"]) == 64
+    with pytest.raises(DraftGymError, match="no such file"):
+        load_frozen(tmp_path / "missing.parquet")
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DraftGymError, match="not a readable Parquet file"):
+        load_frozen(tmp_path / "junk.parquet")
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
+    with pytest.raises(DraftGymError, match="not a DraftGym training dataset"):
+        load_frozen(tmp_path / "other.parquet")
+
+
+def test_init_from_a_saved_head_keeps_its_weights_and_vocabulary(distilled, tmp_path):
+    """--init-from: a run whose checkpoint is gone goes on from the committed head (bf16 weights)."""
+    model, seqs = distilled
+    train_head(_cfg(steps=6), model, seqs, tmp_path / "h1", tmp_path / "w1", progress_bar=False)
+    saved = load_head(str(tmp_path / "h1"), model, dtype=torch.float32)
+    man = train_head(_cfg(steps=1, lr=1e-12, warmup_steps=0, init_from=str(tmp_path / "h1")), model, seqs[:12],
+                     tmp_path / "h2", tmp_path / "w2", progress_bar=False)
+    assert man["init"] == {"init": "from", "from": str(tmp_path / "h1")}
+    head = man["_head"]
+    assert torch.equal(head.d2t, saved.d2t)
+    for name in ("fc.weight", "lm_head.weight", "midlayer.mlp.down_proj.weight"):
+        a, b = head.state_dict()[name], saved.state_dict()[name]
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_heldout_curve_is_recorded_and_continues_on_resume(distilled, tmp_path):
+    """The fixed held-out set is evaluated at step 0, every eval_every steps and at the end; a resumed
+    run extends the same curve."""
+    model, seqs = distilled
+    kw = dict(steps=12, eval_every=5)
+    man = train_head(_cfg(**kw), model, seqs[:12], tmp_path / "h", tmp_path / "w", progress_bar=False,
+                     heldout=seqs[12:], callback=lambda step: step >= 7)
+    assert [p["step"] for p in man["heldout"]["curve"]] == [0, 5, 7] and man["heldout"]["sequences"] == 4
+    man = train_head(_cfg(resume=True, **kw), model, seqs[:12], tmp_path / "h", tmp_path / "w", progress_bar=False,
+                     heldout=seqs[12:])
+    curve = man["heldout"]["curve"]
+    assert [p["step"] for p in curve] == [0, 5, 7, 10, 12] and len(curve[0]["acc"]) == 4
+    assert curve[-1]["loss"] < curve[0]["loss"]
