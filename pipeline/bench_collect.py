@@ -46,10 +46,9 @@ def parse_tree(spec: str) -> tuple[int, int, int]:
     return d
 
 
-def prompt_file(args, n: int, path: Path) -> Path:
+def prompt_file(args, tok, n: int, path: Path) -> Path:
     """The first n prompts of the split with at most --max-prompt-tokens tokens, as a JSONL prompt file
     (used whole by run_collect and by the online runs), so every measurement sees one prompt set."""
-    tok = load_target(args.model).tokenizer
     recs = [r for r in load_prompts(args.dataset, split=args.split)
             if args.max_prompt_tokens is None or len(encode_prompt(tok, list(r.messages))) <= args.max_prompt_tokens][:n]
     if len(recs) < n:
@@ -113,9 +112,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     trees = [parse_tree(t) for t in args.online_trees]
     batches = parse_positive_ints(args.prompt_batches, "--prompt-batches")
-    dtypes = args.dtypes.split(",") if args.dtypes else [dtype_name(load_target(args.model).dtype)]
+    first = load_target(args.model)                      # the tokenizer, and the default dtype
+    dtypes = args.dtypes.split(",") if args.dtypes else [dtype_name(first.dtype)]
     tmp = Path(tempfile.mkdtemp(prefix="draftgym-bench-prompts-"))
-    args.prompts = prompt_file(args, max([args.n_prompts, *batches]), tmp / "prompts.jsonl")
+    args.prompts = prompt_file(args, first.tokenizer, max([args.n_prompts, *batches]), tmp / "prompts.jsonl")
+    del first
 
     report = {"command": "python -m pipeline.bench_collect " + " ".join(argv or sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": []}

@@ -39,7 +39,7 @@ from pipeline.errors import DraftGymError
 from pipeline.head import Eagle3Head
 from pipeline.schema import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID, SCHEMA_VERSION
 from pipeline.tree import rank_nodes, tree_from_nodes
-from pipeline.verify import crop_cache, target_forward, tree_attention_mask
+from pipeline.verify import crop_cache, target_forward, trees_attention_mask
 
 
 @dataclass
@@ -185,7 +185,6 @@ def acceptance_dists(model, cache, pool, bs: list[int], root_tokens: list[int], 
     """
     W = pool.width
     N = cache.get_seq_length()                                          # the whole teacher-forced sequence
-    dtype = next(model.parameters()).dtype
     trees, sels = [], []
     for b, root_token in zip(bs, root_tokens):
         order = rank_nodes(pool.scores[b : b + 1])[0]
@@ -198,17 +197,10 @@ def acceptance_dists(model, cache, pool, bs: list[int], root_tokens: list[int], 
         while i1 < len(trees) and sum(t.size for t in trees[i0 : i1 + 1]) <= DIST_ROWS:
             i1 += 1
         chunk, sizes = trees[i0:i1], [t.size for t in trees[i0:i1]]
-        Q, dev = sum(sizes), chunk[0].tokens.device
-        allowed = torch.zeros(Q, N + Q, dtype=torch.bool, device=dev)  # [Q, N + Q]
-        o = 0
-        for t, n in zip(chunk, ns[i0:i1]):
-            allowed[o : o + t.size, :n] = True                          # its own prefix
-            allowed[o : o + t.size, N + o : N + o + t.size] = t.mask    # its ancestors and itself
-            o += t.size
-        mask = torch.zeros(Q, N + Q, dtype=dtype, device=dev).masked_fill_(~allowed, torch.finfo(dtype).min)
+        mask = trees_attention_mask(chunk, N, next(model.parameters()).dtype, ns[i0:i1])   # [1, 1, Q, N + Q]
         tokens = torch.cat([t.tokens for t in chunk])
         pos = torch.cat([n + t.depths for t, n in zip(chunk, ns[i0:i1])])
-        logits, _ = target_forward(model, tokens[None], pos[None], cache, mask[None, None], hidden_states=False)
+        logits, _ = target_forward(model, tokens[None], pos[None], cache, mask, hidden_states=False)
         crop_cache(cache, N)
         for t, sel, lg in zip(chunk, sels[i0:i1], logits.split(sizes)):
             out.append(_dist_of_tree(t, sel, lg, max_depth, temperature))

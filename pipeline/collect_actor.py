@@ -25,7 +25,7 @@ from pipeline.schema import FAILURES, SCHEMA_VERSION, SEQUENCES, partition_parts
 from pipeline.storage import LogStore
 
 FAIL_AFTER_ENV = "DRAFTGYM_FAIL_AFTER"    # tests: the actor dies (outside the per-prompt try) after N prompts
-FAIL_PROMPT_ENV = "DRAFTGYM_FAIL_PROMPT"
+FAIL_PROMPT_ENV = "DRAFTGYM_FAIL_PROMPT"  # tests: comma-separated prompt ids that raise inside the per-prompt try
 # Prompts teacher-forced and expanded together: at most GROUP_PROMPTS, and at most GROUP_TOKENS padded
 # tokens (the group is right-padded to its longest sequence, and every layer's hidden states are held
 # at once). Continuations are generated together in batches of at most GEN_TOKENS slot tokens (rows x
@@ -44,7 +44,7 @@ def length_groups(lengths: list[int], max_items: int, max_tokens: int) -> list[l
             groups.append(cur)
             cur = []
         cur.append(i)
-    return groups + ([cur] if cur else [])  # tests: comma-separated prompt ids that raise inside the per-prompt try
+    return groups + ([cur] if cur else [])
 
 
 def prompt_hash(prompt_id: str) -> str:
@@ -121,18 +121,17 @@ class CollectorActor:
                 emit(pid, f"skipped: {e}")
                 continue
             todo.append((pid, ds, split, ids, t0))
-        # The batch together: continuations of all its prompts in one batched generation, then teacher
-        # forcing and tree expansion in groups of similar length (GROUP_PROMPTS, GROUP_TOKENS; pipeline.collect.collect_prompts), each
-        # group written before the next starts. If the batched path raises (an OOM on one long prompt),
-        # the prompts concerned run alone, so that one bad prompt fails alone and the others commit.
-        # by prompt length: the batched generation's rows attend over the longest live row's span, and a
-        # teacher-forcing group is padded to its longest prompt, so similar lengths together waste least
+        # The batch together, sorted by length (a generation batch attends over its longest live row, a
+        # teacher-forcing group is padded to its longest sequence): continuations in batches of at most
+        # GEN_TOKENS, then teacher forcing and tree expansion in groups of at most GROUP_PROMPTS /
+        # GROUP_TOKENS (pipeline.collect.collect_prompts), each group written before the next starts.
+        # If the batched path raises (an OOM on one long prompt), the prompts concerned run alone, so
+        # that one bad prompt fails alone and the others commit.
         todo.sort(key=lambda x: len(x[3]))
         t_gen = time.perf_counter()
         conts = self._continuations([x for x in todo if x[0] not in self.fail_prompts])
         gen_share = (time.perf_counter() - t_gen) / max(len(conts), 1)   # a prompt's share of the batched generation
-        seq_len = [len(x[3]) + self.cfg.max_new_tokens + self.cfg.max_depth for x in todo]
-        for gi in length_groups(seq_len, GROUP_PROMPTS, GROUP_TOKENS):
+        for gi in length_groups([self._span(x[3]) for x in todo], GROUP_PROMPTS, GROUP_TOKENS):
             group = [todo[i] for i in gi]
             t_group = time.perf_counter()
             logs = self._collect_group([x for x in group if x[0] in conts], conts)
@@ -159,13 +158,16 @@ class CollectorActor:
                 emit(pid, "ok", n, shared + time.perf_counter() - t0)
         return {k: np.array(v) for k, v in rows.items()}
 
+    def _span(self, prompt_ids) -> int:
+        """Tokens a prompt's sequence reaches: the prompt, the continuation and its lookahead."""
+        return len(prompt_ids) + self.cfg.max_new_tokens + self.cfg.max_depth
+
     def _continuations(self, todo) -> dict:
         """{prompt_id: (y, T, stop)} for the prompts of `todo` (sorted by length), generated together in
-        batches of at most GEN_TOKENS slot tokens, or read from the continuation cache; {} if the batched generation raised (each prompt then
-        generates its own, alone)."""
+        batches of at most GEN_TOKENS slot tokens, or read from the continuation cache. A batch whose
+        generation raised is left out (each of its prompts then generates its own, alone)."""
         out = {}
-        span = [len(x[3]) + self.cfg.max_new_tokens + self.cfg.max_depth for x in todo]   # todo: sorted by length
-        for gi in length_groups(span, len(todo), GEN_TOKENS):
+        for gi in length_groups([self._span(x[3]) for x in todo], len(todo), GEN_TOKENS):
             part = [todo[i] for i in gi]
             try:
                 conts = generate_continuations(self.engine, [x[3] for x in part], self.cfg, self.cfg.max_depth,

@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 
 from pipeline.cliargs import add_device_dtype, add_model_head, add_split, parse_positive_ints
 from pipeline.collect import CollectConfig
-from pipeline.collect_actor import (FAIL_AFTER_ENV, FAIL_PROMPT_ENV, CollectorActor, prompt_hash, shard_paths,
-                                    table_dir)
+from pipeline.collect_actor import (FAIL_AFTER_ENV, FAIL_PROMPT_ENV, GEN_TOKENS, GROUP_PROMPTS, GROUP_TOKENS,
+                                    CollectorActor, prompt_hash, shard_paths, table_dir)
 from pipeline.cluster import check_actor_options, init_ray, node_resources, plan_actors
 from pipeline.errors import DraftGymError
 from pipeline.storage import LogStore, resolve_out
@@ -219,11 +219,11 @@ def add_collect(sub) -> None:
                    help="collect again the prompts recorded in the failures table by an earlier run of the same "
                         "command (without it they are skipped and listed); a success deletes their failures row")
     p.add_argument("--prompt-batch", type=int, default=64,
-                   help="prompts one actor takes at a time: their continuations are generated together at this "
-                        "batch size (cached on the actor's node under $DRAFTGYM_CACHE/continuations), then "
-                        "teacher-forced and expanded in groups of similar length (<= 16 prompts, <= 4096 padded tokens), "
-                        "each group committed before the next "
-                        "(pipeline.collect.collect_prompts); 1 = one prompt at a time")
+                   help="prompts one actor takes at a time: sorted by length, their continuations are generated "
+                        f"together (batches of <= {GEN_TOKENS} slot tokens; cached on the actor's node under "
+                        "$DRAFTGYM_CACHE/continuations), then teacher-forced and expanded in groups of similar length "
+                        f"(<= {GROUP_PROMPTS} prompts, <= {GROUP_TOKENS} padded tokens), each group committed before "
+                        "the next (pipeline.collect.collect_prompts); 1 = one prompt at a time")
     p.add_argument("--no-continuation-cache", action="store_true",
                    help="generate every continuation afresh: neither read nor write $DRAFTGYM_CACHE/continuations "
                         "(benchmarks; by default a continuation is reused by any later run with the same model, "

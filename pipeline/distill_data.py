@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -69,7 +70,6 @@ def select_prompts(cfg: TrainConfig, tokenizer, split: str = "train", n_total: i
     chat template; prompts over max_prompt_tokens are skipped. n_total: default cfg.n_prompts.
     Returns ([{prompt_id, dataset, prompt_ids}], counts)."""
     from pipeline.datasets import load_prompts
-    from pipeline.target import encode_prompt
 
     spec = parse_dataset_spec(cfg.datasets)
     pools = {}
@@ -81,18 +81,23 @@ def select_prompts(cfg: TrainConfig, tokenizer, split: str = "train", n_total: i
     alloc = allocate(cfg.n_prompts if n_total is None else n_total, {n: len(p) for n, p in pools.items()}, fixed)
     chosen, counts = [], {}
     for name, recs in pools.items():
-        got = 0
-        for r in recs:
-            if got >= alloc[name]:
-                break
-            try:
-                ids = encode_prompt(tokenizer, list(r.messages), max_prompt_tokens=cfg.max_prompt_tokens)
-            except DraftGymError:
-                continue
-            chosen.append({"prompt_id": r.prompt_id, "dataset": name, "prompt_ids": ids})
-            got += 1
-        counts[name] = got
+        got = [{"prompt_id": r.prompt_id, "dataset": name, "prompt_ids": ids}
+               for r, ids in islice(_encoded(recs, tokenizer, cfg.max_prompt_tokens), alloc[name])]
+        chosen += got
+        counts[name] = len(got)
     return chosen, counts
+
+
+def _encoded(recs, tokenizer, max_prompt_tokens: int):
+    """(record, prompt ids) of the records whose prompt encodes within max_prompt_tokens, in order
+    (lazily: a caller taking n of them encodes no more than it needs)."""
+    from pipeline.target import encode_prompt
+
+    for r in recs:
+        try:
+            yield r, encode_prompt(tokenizer, list(r.messages), max_prompt_tokens=max_prompt_tokens)
+        except DraftGymError:
+            continue
 
 
 def _read_jsonl_tolerant(path: Path) -> dict[str, dict]:
@@ -200,7 +205,6 @@ def select_reference_sequences(cfg: TrainConfig, tokenizer, exclude: set[str], e
     labelled, like everything else, with the target's own distributions (EAGLE's original recipe).
     Answers are cut at max_new_tokens (an uncut answer ends with eos)."""
     from pipeline.datasets import load_prompts
-    from pipeline.target import encode_prompt
 
     names = [n for n in cfg.reference_datasets if n]
     pools = []
@@ -211,21 +215,12 @@ def select_reference_sequences(cfg: TrainConfig, tokenizer, exclude: set[str], e
     want = allocate(cfg.reference_prompts, {n: len(p) for n, p in zip(names, pools)}, {})
     out = []
     for name, recs in zip(names, pools):
-        got = 0
-        for r in recs:
-            if got >= want[name]:
-                break
-            try:
-                p_ids = encode_prompt(tokenizer, list(r.messages), max_prompt_tokens=cfg.max_prompt_tokens)
-            except DraftGymError:
-                continue
-            a_ids = tokenizer(r.reference.strip(), add_special_tokens=False)["input_ids"]
-            if not a_ids:
-                continue
+        pairs = ((r, p_ids, tokenizer(r.reference.strip(), add_special_tokens=False)["input_ids"])
+                 for r, p_ids in _encoded(recs, tokenizer, cfg.max_prompt_tokens))
+        for r, p_ids, a_ids in islice(((r, p, a) for r, p, a in pairs if a), want[name]):   # non-empty answers
             a_ids = a_ids[: cfg.max_new_tokens] if len(a_ids) >= cfg.max_new_tokens or eos_id is None \
                 else a_ids + [eos_id]
             out.append(TrainSequence(p_ids + a_ids, len(p_ids), "ref:" + r.prompt_id))
-            got += 1
     return out
 
 
@@ -234,8 +229,9 @@ DATASET_SCHEMA_VERSION = 1
 
 def freeze_sequences(seqs: list[TrainSequence], path: Path, info: dict) -> dict:
     """Write the training sequences to one Parquet file (columns source, prompt_len, ids: list<int32>;
-    the data info in the file's metadata), atomically. Returns {path, sha256, sequences, tokens,
-    data_hash}: data_hash is what checkpoints are checked against, sha256 names the file's bytes."""
+    the data info in the file's metadata), atomically. Returns {path, sha256 (of the file's bytes),
+    sequences, tokens}. (Checkpoints are tied to the hash of the sequences a run trains on, after its
+    max_len cut: train_draft.train_head.)"""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -248,7 +244,7 @@ def freeze_sequences(seqs: list[TrainSequence], path: Path, info: dict) -> dict:
     pq.write_table(table, tmp, compression="zstd")
     os.replace(tmp, path)
     return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "sequences": len(seqs),
-            "tokens": int(sum(len(s.ids) for s in seqs)), "data_hash": _hash([s.ids for s in seqs])}
+            "tokens": int(sum(len(s.ids) for s in seqs))}
 
 
 def load_frozen(path: str | Path) -> tuple[list[TrainSequence], dict]:

@@ -49,14 +49,14 @@ def resolve_out(out: str | Path) -> "LogStore":
     return LogStore(fs, path.rstrip("/"), out)
 
 
-def local_dir(path: str | Path, what: str = "this command", progress: bool = True) -> Path:
+def local_dir(path: str | Path, what: str = "this command") -> Path:
     """A readers' logs root: a local path, a file:// URI as a path, or an object-store URI as an
     up-to-date local mirror (`mirror_logs`)."""
     if not is_uri(path):
         return Path(path)
     if str(path).startswith("file://"):
         return Path(resolve_out(path).root)
-    return mirror_logs(str(path), what=what, progress=progress)
+    return mirror_logs(str(path), what=what)
 
 
 def mirror_dir(uri: str) -> Path:
@@ -81,6 +81,7 @@ def mirror_logs(uri: str, what: str = "this command", progress: bool = True) -> 
 
     store = resolve_out(uri)
     local = mirror_dir(uri)
+    bare = uri.split("?", 1)[0]                          # the URI without its query parameters
     try:
         infos = [i for i in store.fs.get_file_info(pafs.FileSelector(store.root, recursive=True))
                  if i.type == pafs.FileType.File]
@@ -98,7 +99,7 @@ def mirror_logs(uri: str, what: str = "this command", progress: bool = True) -> 
     for rel in [r for r in index if r not in remote]:    # gone from the store
         (local / rel).unlink(missing_ok=True)
         index.pop(rel)
-    for rel in tqdm(todo, desc=f"mirror {uri.split('?', 1)[0]}", unit="file", disable=not progress or len(todo) < 20):
+    for rel in tqdm(todo, desc=f"mirror {bare}", unit="file", disable=not progress or len(todo) < 20):
         dst = local / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -108,7 +109,7 @@ def mirror_logs(uri: str, what: str = "this command", progress: bool = True) -> 
                     out.write(chunk)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            raise DraftGymError(f"{what} cannot read {uri.split('?', 1)[0]}/{rel}: {_first_line(e)}") from None
+            raise DraftGymError(f"{what} cannot read {bare}/{rel}: {_first_line(e)}") from None
         tmp.replace(dst)
         index[rel] = remote[rel]
     local.mkdir(parents=True, exist_ok=True)

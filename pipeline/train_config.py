@@ -112,6 +112,7 @@ class TrainConfig:
 def parse_curriculum(spec, max_steps: int) -> list[tuple[float, int]]:
     """('4@0', '7@0.5') -> [(0.0, 4), (0.5, 7)]: the TTT steps used from each schedule progress on."""
     items = spec.split(",") if isinstance(spec, str) else list(spec)
+    spec = ",".join(items)                                   # as the user typed it, for messages
     out = []
     for it in (x.strip() for x in items):
         if not it:

@@ -158,6 +158,18 @@ def _ckpt_compat(cfg: TrainConfig) -> dict:
     return {k: getattr(cfg, k) for k in keys}
 
 
+def _trainable(seqs: list[TrainSequence], max_len: int) -> list[TrainSequence]:
+    """The sequences cut to max_len tokens that still hold an answer token (at least 2 tokens)."""
+    seqs = [s for s in seqs if len(s.ids) >= 2 and s.prompt_len < len(s.ids)]
+    seqs = [TrainSequence(s.ids[:max_len], min(s.prompt_len, max_len), s.source) for s in seqs]
+    return [s for s in seqs if s.prompt_len < len(s.ids)]
+
+
+def _gen_key(cfg: TrainConfig) -> str:
+    """The answers' generation setting: the JSONL caches of the training and held-out answers are keyed by it."""
+    return _hash({"model": cfg.model, "max_new_tokens": cfg.max_new_tokens, "gen_dtype": cfg.gen_dtype, "v": 1})
+
+
 def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], out_dir: str | Path,
                work_dir: str | Path, data_info: dict | None = None, progress_bar: bool = True,
                callback=None, heldout: list[TrainSequence] | None = None) -> dict:
@@ -175,9 +187,7 @@ def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], o
     work_dir.mkdir(parents=True, exist_ok=True)
     dev = next(target_model.parameters()).device
     amp = resolve_amp(cfg.amp, dev)
-    sequences = [s for s in sequences if len(s.ids) >= 2 and s.prompt_len < len(s.ids)]
-    sequences = [TrainSequence(s.ids[: cfg.max_len], min(s.prompt_len, cfg.max_len), s.source) for s in sequences]
-    sequences = [s for s in sequences if s.prompt_len < len(s.ids)]
+    sequences = _trainable(sequences, cfg.max_len)
     if not sequences:
         raise DraftGymError("no training sequences with an answer")
     lengths = [len(s.ids) for s in sequences]
@@ -208,9 +218,10 @@ def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], o
     t2draft = torch.full((vocab_size,), -1, dtype=torch.long, device=dev)
     t2draft[vocab_ids.to(dev)] = torch.arange(len(vocab_ids), device=dev)
 
+    data_hash = _hash([s.ids for s in sequences])
     store = None
     if cfg.feature_cache:
-        fkey = _hash({"model": cfg.model, "seqs": _hash([s.ids for s in sequences]), "layers": head.layer_ids,
+        fkey = _hash({"model": cfg.model, "seqs": data_hash, "layers": head.layer_ids,
                       "amp": amp, "dtype": str(next(target_model.parameters()).dtype), "v": 1})
         H_t = target_model.config.hidden_size
         store = FeatureStore(work_dir / f"features-{fkey}", lengths, 3 * H_t, H_t)
@@ -222,7 +233,6 @@ def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], o
 
     st = _State()
     ckpt_path = work_dir / "checkpoint.pt"
-    data_hash = _hash([s.ids for s in sequences])
     if not cfg.resume and not cfg.restart and ckpt_path.is_file():
         raise DraftGymError(f"{ckpt_path} holds a run of this --out: pass --resume to continue it or --restart "
                             "to start over")
@@ -277,12 +287,12 @@ def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], o
                                     "python": random.getstate()}}, ckpt_path)
 
     # the fixed on-policy held-out set (val-split prompts, the target's own answers): its accuracy curve
-    heldout = [TrainSequence(s.ids[: cfg.max_len], min(s.prompt_len, cfg.max_len), s.source) for s in (heldout or [])]
-    heldout = [s for s in heldout if s.prompt_len < len(s.ids)]
+    heldout = _trainable(heldout or [], cfg.max_len)
+    ho_hash = _hash([s.ids for s in heldout]) if heldout else None
     ho_store = None
     if heldout and cfg.feature_cache:
         H_t = target_model.config.hidden_size
-        ho_store = FeatureStore(work_dir / f"features-heldout-{_hash([s.ids for s in heldout])}",
+        ho_store = FeatureStore(work_dir / f"features-heldout-{ho_hash}",
                                 [len(s.ids) for s in heldout], 3 * H_t, H_t)
 
     def eval_heldout() -> None:
@@ -424,7 +434,7 @@ def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], o
         "final_metrics": {"train_loss": last.get("loss"), "train_acc": last.get("acc"),
                           "val_loss": val["loss"] if val else None, "val_acc": val["acc"] if val else None},
         "curve": st.curve,
-        "heldout": {"sequences": len(heldout), "data_hash": _hash([s.ids for s in heldout]) if heldout else None,
+        "heldout": {"sequences": len(heldout), "data_hash": ho_hash,
                     "curve": st.heldout_curve},
         "environment": environment_fingerprint(dev),
     }
@@ -467,19 +477,23 @@ def run_train_draft(cfg: TrainConfig, progress_bar: bool = True) -> dict:
 
     cfg.validate()
     t0 = time.time()
+    # inputs first: a wrong --init-from or --data fails in one line before any model loads or answer is generated
+    if cfg.init_from:
+        from pipeline.head import resolve_head_dir
+        resolve_head_dir(cfg.init_from)
+    frozen_data = load_frozen(cfg.data) if cfg.data else None
     target = load_target(cfg.model, device=cfg.device, dtype=cfg.dtype)
     work = Path(cfg.work_dir) if cfg.work_dir else default_work_dir(cfg.model)
     work.mkdir(parents=True, exist_ok=True)
-    if cfg.data:
-        seqs, info = load_frozen(cfg.data)
+    if frozen_data is not None:
+        seqs, info = frozen_data
         info = {**info, "frozen": {"path": str(cfg.data), "sha256": hashlib.sha256(Path(cfg.data).read_bytes()).hexdigest()}}
         _log(f"{len(seqs)} sequences from the frozen dataset {cfg.data}")
         return _train_frozen(cfg, target, seqs, info, work, progress_bar)
     prompts, counts = select_prompts(cfg, target.tokenizer)
     if not prompts:
         raise DraftGymError("no train-split prompts fit --max-prompt-tokens")
-    gkey = _hash({"model": cfg.model, "max_new_tokens": cfg.max_new_tokens, "gen_dtype": cfg.gen_dtype, "v": 1})
-    rows = regenerate(target, prompts, cfg, work / f"responses-{gkey}.jsonl", progress_bar)
+    rows = regenerate(target, prompts, cfg, work / f"responses-{_gen_key(cfg)}.jsonl", progress_bar)
     regen_s = time.time() - t0
     seqs = [TrainSequence(r["prompt_ids"] + r["response_ids"], len(r["prompt_ids"]), r["prompt_id"]) for r in rows]
     done_counts = dict(Counter(r["dataset"] for r in rows))
@@ -496,8 +510,6 @@ def run_train_draft(cfg: TrainConfig, progress_bar: bool = True) -> dict:
         info["reference_answers"] = {"datasets": dict(Counter(s.source.split(":", 1)[1].split("/")[0] for s in refs)),
                                      "sequences": len(refs),
                                      "answer_tokens": sum(len(s.ids) - s.prompt_len for s in refs)}
-    # one run directory per --out: a changed dataset or setting meets its checkpoint and is refused with
-    # one line (train_head), instead of silently starting over in a fresh directory
     frozen = freeze_sequences(seqs, work / f"dataset-{_hash([s.ids for s in seqs])[:12]}.parquet", info)
     info = {**info, "frozen": {k: frozen[k] for k in ("path", "sha256")}}
     _log(f"froze {frozen['sequences']} sequences ({frozen['tokens']} tokens) into {frozen['path']}")
@@ -505,14 +517,15 @@ def run_train_draft(cfg: TrainConfig, progress_bar: bool = True) -> dict:
 
 
 def _train_frozen(cfg: TrainConfig, target, seqs: list[TrainSequence], info: dict, work: Path, progress_bar: bool) -> dict:
+    # one run directory per --out: a changed dataset or setting meets its checkpoint and is refused with
+    # one line (train_head), instead of silently starting over in a fresh directory
     run_dir = work / f"run-{_slug(Path(cfg.out).name)}-{_hash(str(Path(cfg.out).resolve()))[:8]}"
     _log(f"{len(seqs)} sequences; run dir {run_dir}")
     heldout = []
     if cfg.heldout_prompts > 0:   # val-split prompts, the target's own answers (complete, whatever the regen budget)
         hp, _ = select_prompts(cfg, target.tokenizer, split="val", n_total=cfg.heldout_prompts)
-        gkey = _hash({"model": cfg.model, "max_new_tokens": cfg.max_new_tokens, "gen_dtype": cfg.gen_dtype, "v": 1})
-        rows = regenerate(target, hp, dataclasses.replace(cfg, regen_budget_min=None), work / f"heldout-{gkey}.jsonl",
-                          progress_bar)
+        rows = regenerate(target, hp, dataclasses.replace(cfg, regen_budget_min=None),
+                          work / f"heldout-{_gen_key(cfg)}.jsonl", progress_bar)
         heldout = [TrainSequence(r["prompt_ids"] + r["response_ids"], len(r["prompt_ids"]), r["prompt_id"]) for r in rows]
     manifest = train_head(cfg, target.model, seqs, cfg.out, run_dir, info, progress_bar, heldout=heldout)
     manifest.pop("_head", None)

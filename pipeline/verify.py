@@ -21,10 +21,22 @@ def tree_attention_mask(tree: VerifyTree, prefix_len: int, dtype: torch.dtype,
                         visible: int | None = None) -> torch.Tensor:
     """Additive 4D mask [1, 1, V, prefix_len + V]: every node sees the prefix entries < `visible`
     (default: the whole prefix), its ancestors and itself."""
-    V = tree.size
-    seen = torch.arange(prefix_len, device=tree.mask.device) < (prefix_len if visible is None else visible)
-    allowed = torch.cat([seen[None, :].expand(V, prefix_len), tree.mask], dim=1)
-    m = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return trees_attention_mask([tree], prefix_len, dtype, [prefix_len if visible is None else visible])
+
+
+def trees_attention_mask(trees: list[VerifyTree], prefix_len: int, dtype: torch.dtype,
+                         visible: list[int]) -> torch.Tensor:
+    """Several trees verified side by side in one forward: additive 4D mask [1, 1, Q, prefix_len + Q],
+    Q = sum of the tree sizes. Tree b's nodes see the prefix entries < visible[b], their ancestors in
+    tree b and themselves (block-diagonal over the trees)."""
+    Q, dev = sum(t.size for t in trees), trees[0].mask.device
+    allowed = torch.zeros(Q, prefix_len + Q, dtype=torch.bool, device=dev)
+    o = 0
+    for t, n in zip(trees, visible):
+        allowed[o : o + t.size, :n] = True                                      # its own prefix
+        allowed[o : o + t.size, prefix_len + o : prefix_len + o + t.size] = t.mask   # its ancestors and itself
+        o += t.size
+    m = torch.zeros(allowed.shape, dtype=dtype, device=dev)
     m.masked_fill_(~allowed, torch.finfo(dtype).min)
     return m[None, None]
 
