@@ -2,7 +2,7 @@
 
 A policy spec is what `draftgym evaluate --policy` takes: a checkpoint directory written by
 `draftgym train`, or a built-in (`static:D,W,V`, `ddd[:thr]`, `entropy[:theta]`, `goodput`,
-`random[:seed]`). The online controller is `simulator.policy.PolicyController`: it builds the
+`random[:seed]`). The online controller is `online.policy_controller.PolicyController`: it builds the
 observations with the very functions the simulator used (`simulator.observations`), so a policy
 sees the same inputs online as in training. Depth decisions come after every draft forward, size
 decisions once per cycle, and held tree shapes (Re-SpS) through `plan`; the engine times each
@@ -24,7 +24,8 @@ def policy_label(spec: str) -> str:
 
 def make_controller(spec: str, logs=None, latency=None) -> Controller:
     """Engine controller for a policy spec (see module docstring)."""
-    from simulator.policy import PolicyController, load_policy
+    from online.policy_controller import PolicyController
+    from simulator.checkpoint import load_policy
 
     if spec.startswith("static:"):
         try:

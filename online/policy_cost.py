@@ -69,7 +69,7 @@ def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135
     from pipeline.engine import Engine
     from pipeline.generate import load_head_for
     from pipeline.target import load_target
-    from simulator.policy import load_checkpoint
+    from simulator.checkpoint import load_checkpoint
 
     if not table_files(logs, "latency"):       # fail before loading any model
         raise DataError(f"no latency profile under {logs}/latency (run `draftgym profile` first)")
@@ -88,7 +88,7 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
 
     from pipeline.fingerprint import device_name, environment_fingerprint
     from pipeline.profile import stats_of
-    from simulator.policy import PolicyController
+    from online.policy_controller import PolicyController
 
     dev = engine.device
     base = newest_profile(logs, model, device_name(dev, engine.dtype))     # the name carries the dtype

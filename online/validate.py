@@ -242,7 +242,7 @@ def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: b
     whose further rounds `--profile-interleave` spreads over the decoding)."""
     from online.policy_cost import profile_policies
     from pipeline.profile import InSituSampler
-    from simulator.policy import load_checkpoint
+    from simulator.checkpoint import load_checkpoint
 
     t0 = time.perf_counter()
     sampler = InSituSampler(engine, tokenizer, cfg.model, verify_sizes=cfg.profile_verify_sizes,
@@ -271,7 +271,7 @@ def sim_vs_real(cfg: ValidateConfig, sim: dict, recs, runs, labels) -> dict:
     own samples saw while this dataset decoded (`profile_speed_factor`; never fitted to the decoding
     being predicted). `tokens_per_s_rel_error_pooled` keeps the error of the unscaled pooled profile."""
     from simulator import baselines as B
-    from simulator.policy import load_policy
+    from simulator.checkpoint import load_policy
     from simulator.replay import autoregressive, simulate
 
     logs, lat, pooled = sim["logs"], sim["lat"], sim["clock"]

@@ -72,7 +72,8 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len", type=int, default=None, help="tokens per training sequence (default 512)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="regenerated answer length (default 256)")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="skip longer prompts (default 256)")
-    p.add_argument("--gen-batch-size", type=int, default=None, help="prompts per generate call (default 64)")
+    p.add_argument("--gen-batch-size", type=int, default=None, help="rows decoded together in self-distillation (default 64; on the 2-core AMX Xeon in bf16, "
+                        "64 rows gave 175 tokens/s and 128 rows 108)")
     p.add_argument("--regen-budget-min", type=float, default=None,
                    help="stop regenerating answers after this long and train on those done (resumable)")
     p.add_argument("--reference-prompts", type=int, default=None,

@@ -28,11 +28,15 @@ def main(argv=None) -> int:
     ap.add_argument("--action-space", default="wide", choices=["seeds", "wide"])
     ap.add_argument("--verify-size", type=int, default=None, help="depth phase V (default: 60, or grid-best with wide)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--amp", default="auto", choices=["auto", "bf16", "off"],
+                    help="PPO update forwards in bf16 autocast (auto: where the CPU has bf16 units)")
+    ap.add_argument("--obs", default="paper", choices=["paper", "rich"], help="observation variant")
     ap.add_argument("--out", default=None, help="write the result JSON here too")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     data = load_training_data(args.logs)
     cfg = replace(config_from_args(args, data), depth_steps=args.steps, size_steps=1, iters=(0,))
+    cfg = replace(cfg, depth_ppo=replace(cfg.depth_ppo, amp=args.amp))
     t_load = time.perf_counter() - t0
     res = train_ltd(data, cfg, progress=True)
     depth_hist = [h for h in res["history"] if h["phase"] == "iter0-depth"]
@@ -41,6 +45,7 @@ def main(argv=None) -> int:
     out = {"bench": "ltd_depth_ppo", "steps": steps, "depth_phase_wall_s": wall, "steps_per_s": steps / wall,
            "updates": len(depth_hist), "best_val_tokens_per_s": res["val"]["iter0-depth"], "load_s": t_load,
            "verify_size": cfg.verify_size, "action_space": args.action_space, "logs": args.logs,
+           "amp": depth_hist[-1].get("amp", "off"), "obs": cfg.obs_variant,
            "train_positions": int(data.train.n_positions), "environment": environment_fingerprint("cpu"),
            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     print(json.dumps(out))

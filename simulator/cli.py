@@ -1,4 +1,4 @@
-"""`draftgym` subcommands that live in simulator/: evaluate, train, synth-logs, latency-report.
+"""`draftgym` subcommands that live in simulator/: evaluate, train, transfer, synth-logs, latency-report.
 
 Registered by `online.cli.build_parser`; heavy imports happen inside the handlers.
 """
@@ -9,7 +9,7 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    for add in (add_evaluate, add_train, add_synth, add_latency_report):
+    for add in (add_evaluate, add_train, add_transfer, add_synth, add_latency_report):
         add(sub)
 
 
@@ -62,12 +62,59 @@ def add_train(sub) -> None:
                    help="seeds: the papers' action sets (design.md); wide: adds shallow/small trees "
                         "(LTD V in the logged grid 2..240, Re-SpS D 1..8 and V 2..128), for devices like CPUs "
                         "where a large verify costs several AR steps")
+    p.add_argument("--obs", default="paper", choices=["paper", "rich"],
+                   help="observations: paper (each seed's own) or rich (adds the best beam's entropy and the "
+                        "acceptance history of the generation; simulator/observations_rich.py)")
     p.add_argument("--verify-size", type=int, default=None,
                    help="V for RADAR and LTD's Iter0 depth phase (default 60; with --action-space wide, "
                         "the grid-best static V on the training split)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run_train)
+
+
+def add_transfer(sub) -> None:
+    p = sub.add_parser("transfer", help="hardware transfer: a policy per latency profile from one set of logs, "
+                                        "each replayed under every profile (a 2 x 2 table vs grid-best)")
+    p.add_argument("--logs", required=True, help="logs root (sequences/, positions/, latency/)")
+    p.add_argument("--model", default=None, help="model partition (default: the only one)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="the logs' compute dtype (default: the only one)")
+    p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
+    p.add_argument("--profiles", required=True,
+                   help="comma-separated profile specs: a dtype (float32 | bfloat16 | float16: its newest profile) "
+                        "or id:<profile_id>; e.g. float32,bfloat16")
+    p.add_argument("--method", required=True, choices=["radar", "ltd", "resps"], help="the policy to train")
+    p.add_argument("--out", required=True, help="directory: policy-<profile>/ per profile, transfer.{json,md,png}")
+    p.add_argument("--split", default="test", help="split the table is measured on (grid-best is picked on val)")
+    p.add_argument("--steps", type=int, default=None, help="training budget, as `draftgym train --steps`")
+    p.add_argument("--seed", type=int, default=0, help="training seed (the same for every profile)")
+    p.add_argument("--n-envs", type=int, default=None, help="parallel replay environments, as `draftgym train`")
+    p.add_argument("--iters", default=None, help="ltd: co-adaptation iterations, as `draftgym train`")
+    p.add_argument("--action-space", default="wide", choices=["seeds", "wide"],
+                   help="as `draftgym train` (default wide: a CPU's best trees are small)")
+    p.add_argument("--obs", default="paper", choices=["paper", "rich"], help="observations, as `draftgym train`")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=_run_transfer)
+
+
+def _run_transfer(args) -> int:
+    from simulator.transfer import run_transfer_command
+
+    train_args = ["--seed", str(args.seed), "--action-space", args.action_space, "--obs", args.obs]
+    for flag, v in (("--steps", args.steps), ("--n-envs", args.n_envs), ("--iters", args.iters),
+                    ("--dtype", args.dtype), ("--latency", args.latency), ("--model", args.model)):
+        if v is not None:
+            train_args += [flag, str(v)]
+    if args.no_progress:
+        train_args.append("--no-progress")
+
+    def train(argv: list[str]) -> int:
+        parser = argparse.ArgumentParser(prog="draftgym")
+        add_train(parser.add_subparsers())
+        return _run_train(parser.parse_args(["train", *argv]))
+
+    return run_transfer_command(args, train_args, train)
 
 
 def _run_train(args) -> int:

@@ -31,6 +31,11 @@ Modes (design.md "Action spaces"); `ReplayEnv(logs, latency, mode, **config)` bu
           with reward="expected" (T > 0 logs) L is replaced by E[L] under the logged
           acceptance-length distribution (RADAR's dataset), the transition stays exact.
 
+Observations: EnvConfig.obs_variant "paper" (each seed's own, simulator/observations.py) or "rich"
+(the same plus the best beam's entropy and the generation's acceptance history,
+simulator/observations_rich.py; episodes cut from mid-sequence first replay a short static burn-in
+so the history is not empty: env_core._ReplayCore._burn_in).
+
 Episodes: a whole sequence from p = 0 (episode_cycles=None), or `episode_cycles` cycles from a
 uniformly drawn (sequence, position) (terminated at the sequence end, truncated at the budget).
 Vector semantics follow gymnasium's: step returns (obs, reward, terminated, truncated, info)
@@ -39,183 +44,15 @@ arrays; with autoreset the obs of a finished env is already its next episode's f
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from simulator import observations as obs
+from simulator import observations_rich as rich
+from simulator.env_core import EnvConfig, _ReplayCore, resps_shapes  # noqa: F401 (resps_shapes: re-exported)
 from simulator.latency import LatencyModel
 from simulator.logs import ReplayLogs
-from simulator.replay import cycle_time
-
-RESPS_VERIFY = (32, 48, 64, 80, 96, 128)
-RESPS_DEPTH = (3, 4, 5, 6, 7, 8)
-RESPS_WIDTH = (8, 12, 16, 20, 32)
-
-
-@dataclass
-class EnvConfig:
-    n_envs: int = 256
-    width: int = 10                     # W for depth / size / radar
-    max_depth: int = 12                 # LTD: D <= 12
-    verify_size: int = 60               # V for depth / radar
-    episode_cycles: int | None = None   # None: whole sequences from p = 0
-    autoreset: bool = True
-    latency_noise: bool = False         # sample cycle times from the measured p10/p90 spread
-    call_cost: float | None = None      # seconds per policy call (None: latency.t_policy)
-    hold_cycles: int = 10               # shape: cycles an action is held (Re-SpS: 10 train, 30 inference)
-    shapes: tuple | None = None         # shape: [(V, D, W)]; None: Re-SpS's set (see module docstring)
-    radar_max_calls: int = obs.RADAR_MAX_CALLS
-    radar_alpha: float = 0.0            # penalty per CONTINUE (tokens/s units)
-    radar_count_bonus: bool = True      # numerator L+1 (True) or RADAR's L (False)
-    radar_reward: str = "exact"         # exact | expected
-    seed: int = 0
-
-
-# "wide" action space (ACTION_SPACES): the seeds' sets were tuned for GPUs, where a 60-token verify
-# costs about one AR step. On a CPU it costs several, and the best trees are shallow and small, so
-# the wide space adds D = 1, 2 and V down to 2 (V <= 1 + pool size instead of W^(D-1)).
-RESPS_WIDE_VERIFY = (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)
-RESPS_WIDE_DEPTH = (1, 2, 3, 4, 5, 6, 7, 8)
-ACTION_SPACES = ("seeds", "wide")
-
-
-def resps_shapes(logs: ReplayLogs, max_depth: int | None = None, space: str = "seeds") -> np.ndarray:
-    """Re-SpS's (V, D, W) set, V snapped to the logged grid, W restricted to logged widths, deduplicated.
-
-    space "seeds": V in {32..128}, D in {3..8}, W in {8..32}, V <= W^(D-1) (design.md).
-    space "wide":  V in RESPS_WIDE_VERIFY, D in 1..8, every logged W, V <= 1 + W + (D-1) W^2."""
-    if space not in ACTION_SPACES:
-        raise ValueError(f"unknown action space {space!r} (known: {', '.join(ACTION_SPACES)})")
-    wide = space == "wide"
-    widths = list(logs.widths) if wide else ([w for w in RESPS_WIDTH if w in logs.w] or list(logs.widths))
-    out = []
-    for W in widths:
-        for D in (RESPS_WIDE_DEPTH if wide else RESPS_DEPTH):
-            if D > (max_depth or logs.max_depth):
-                continue
-            for V in (RESPS_WIDE_VERIFY if wide else RESPS_VERIFY):
-                if (V <= 1 + W + (D - 1) * W * W) if wide else (V <= W ** (D - 1)):
-                    t = (int(logs.snap_to_grid(V)), D, W)
-                    if t not in out:
-                        out.append(t)
-    return np.array(out, np.int64)
-
-
-class _ReplayCore:
-    """Sequence/position bookkeeping, exact cycle outcomes, episode statistics."""
-
-    obs_dim: int
-    n_actions: int
-
-    def __init__(self, logs: ReplayLogs, latency: LatencyModel, cfg: EnvConfig):
-        self.logs, self.lat, self.cfg = logs, latency, cfg
-        if cfg.width not in logs.w:
-            raise ValueError(f"width {cfg.width} not in the loaded logs (widths {list(logs.w)})")
-        self.n = cfg.n_envs
-        self.target = logs.new_tokens - 1
-        self.valid_seqs = np.flatnonzero(self.target > 0)
-        if not len(self.valid_seqs):
-            raise ValueError("no sequence with anything to draft")
-        self.call_s = latency.policy_s if cfg.call_cost is None else float(cfg.call_cost)
-        self.wa = logs.w[cfg.width]
-        self.G = logs.grid_index(cfg.verify_size) if self._uses_fixed_verify else None
-        self.seq = np.zeros(self.n, np.int64)
-        self.p = np.zeros(self.n, np.int64)
-        self.cycles = np.zeros(self.n, np.int64)
-        self.done = np.zeros(self.n, bool)
-        self.ep = {k: np.zeros(self.n) for k in ("return", "time", "tokens", "cycles", "steps")}
-        self.finished: list[dict] = []           # stats of finished episodes (drained by trainers)
-        self.rng = np.random.default_rng(cfg.seed)
-
-    _uses_fixed_verify = True
-
-    # ---- episodes
-    def _start(self, idx: np.ndarray) -> None:
-        k = len(idx)
-        if self.cfg.episode_cycles is None:
-            self.seq[idx] = self.valid_seqs[self.rng.integers(0, len(self.valid_seqs), k)]
-            self.p[idx] = 0
-        else:
-            rows = self.rng.integers(0, self.logs.n_positions, k)
-            self.seq[idx] = self.logs.seq_index[rows]
-            self.p[idx] = self.logs.position[rows]
-        self.cycles[idx] = 0
-        self.done[idx] = False
-        for v in self.ep.values():
-            v[idx] = 0.0
-        self._start_cycle(idx)
-
-    def _start_cycle(self, idx: np.ndarray) -> None:
-        pass
-
-    def rows(self, idx=None) -> np.ndarray:
-        s = self.seq if idx is None else self.seq[idx]
-        p = self.p if idx is None else self.p[idx]
-        return self.logs.offsets[s] + np.minimum(p, self.target[s] - 1)
-
-    def _finish_cycle(self, idx, D, W, V, calls) -> dict:
-        """Replay one cycle for envs idx; advance p; return L, emitted, t and episode ends."""
-        rows = self.rows(idx)
-        D = np.asarray(D, np.int64)
-        if np.isscalar(W) or np.ndim(W) == 0:
-            acc = self.logs.w[int(W)].acceptance
-            g = self.G if (self.G is not None and np.ndim(V) == 0) else self.logs.grid_index(V)
-            L = acc[rows, D - 1, g].astype(np.int64)
-        else:
-            from simulator.replay import lookup_accepted
-            L = lookup_accepted(self.logs, rows, D, W, V)
-        ctx = self.logs.context_len[rows]
-        t = cycle_time(self.lat, D, W, V, ctx, calls, self.call_s,
-                       self.rng if self.cfg.latency_noise else None)
-        s = self.seq[idx]
-        emitted = np.minimum(L + 1, self.target[s] - self.p[idx])
-        self.p[idx] += L + 1
-        self.cycles[idx] += 1
-        self.ep["time"][idx] += t["t_cycle"]
-        self.ep["tokens"][idx] += emitted
-        self.ep["cycles"][idx] += 1
-        term = self.p[idx] >= self.target[s]
-        trunc = ~term & (False if self.cfg.episode_cycles is None else self.cycles[idx] >= self.cfg.episode_cycles)
-        return {"L": L, "emitted": emitted, "t": t["t_cycle"], "D": D, "rows": rows, "ctx": ctx,
-                "terminated": term, "truncated": trunc}
-
-    def _end_episodes(self, idx, reward, terminated, truncated) -> None:
-        """Record finished episodes, autoreset (or freeze) them."""
-        self.ep["return"] += reward
-        self.ep["steps"] += 1
-        end = np.flatnonzero(terminated | truncated)
-        if not len(end):
-            return
-        tok, tim = self.ep["tokens"][end], self.ep["time"][end]
-        for j, e in enumerate(end):
-            self.finished.append({"return": float(self.ep["return"][e]), "tokens_per_s": float(tok[j] / max(tim[j], 1e-12)),
-                                  "tau": float(tok[j] / max(self.ep["cycles"][e], 1)), "cycles": int(self.ep["cycles"][e]),
-                                  "steps": int(self.ep["steps"][e]), "tokens": float(tok[j]), "time": float(tim[j])})
-        if len(self.finished) > 100_000:
-            del self.finished[: len(self.finished) - 100_000]
-        if self.cfg.autoreset:
-            self._start(end)
-        else:
-            self.done[end] = True
-
-    def drain_finished(self) -> list[dict]:
-        out, self.finished = self.finished, []
-        return out
-
-    # ---- gym-style API
-    def reset(self, seed: int | None = None):
-        if seed is not None:
-            self.rng = np.random.default_rng(seed)
-        self._start(np.arange(self.n))
-        self.finished = []
-        return self.observe(), {}
-
-    def observe(self) -> np.ndarray:
-        raise NotImplementedError
-
-    def step(self, actions):
-        raise NotImplementedError
 
 
 # ------------------------------------------------------------------ depth (LTD)
@@ -229,9 +66,9 @@ class DepthEnv(_ReplayCore):
         super().__init__(logs, latency, cfg)
         self.Dmax = min(cfg.max_depth, logs.max_depth)
         self.size_policy = size_policy
-        self.obs_dim = obs.ltd_depth_obs_dim(cfg.width)
+        self.obs_dim = rich.obs_dim("ltd_depth", cfg.obs_variant, cfg.width)
         self.d = np.ones(self.n, np.int64)
-        self._buf = np.zeros((self.n, self.obs_dim), np.float32)
+        self._buf = np.zeros((self.n, obs.ltd_depth_obs_dim(cfg.width)), np.float32)
         W2 = cfg.width * cfg.width
         self._flat = self.wa.sorted_candidates.reshape(-1, W2)      # [N * Dmax_logged, W*W]
 
@@ -241,8 +78,12 @@ class DepthEnv(_ReplayCore):
     def observe(self):
         rows = self.rows()
         flat = rows * self.logs.max_depth + self.d - 1
-        return obs.ltd_depth_obs(self._flat[flat], self.d, self.logs.context_len[rows], self.cfg.width,
-                                 presorted=True, out=self._buf).copy()
+        o = obs.ltd_depth_obs(self._flat[flat], self.d, self.logs.context_len[rows], self.cfg.width,
+                              presorted=True, out=self._buf)
+        if not self.rich:
+            return o.copy()
+        return rich.with_extra(o, rich.ltd_depth_extra(rich.entropy_feature(self.wa.entropy[rows, self.d - 1]),
+                                                        self.hist.features()))
 
     def step(self, actions):
         a = np.asarray(actions).astype(bool)
@@ -260,6 +101,8 @@ class DepthEnv(_ReplayCore):
                 rows = self.rows(i)
                 o = obs.ltd_size_obs(self.wa.sorted_candidates[rows], D[i], self.logs.context_len[rows],
                                      self.cfg.width, self.Dmax, presorted=True)
+                if self.rich:                   # the history up to the previous cycle, as in replay
+                    o = rich.with_extra(o, self.hist.features(i))
                 V = np.asarray(self.size_policy(o), np.int64)
                 calls += 1
             out = self._finish_cycle(i, D[i], self.cfg.width, V, calls)
@@ -288,7 +131,7 @@ class SizeEnv(_ReplayCore):
         super().__init__(logs, latency, cfg)
         self.Dmax = min(cfg.max_depth, logs.max_depth)
         logs.grid_index(self.size_values)                            # all on the grid
-        self.obs_dim = obs.ltd_size_obs_dim(cfg.width, self.Dmax)
+        self.obs_dim = rich.obs_dim("ltd_size", cfg.obs_variant, cfg.width, self.Dmax)
         self.D = np.ones(self.n, np.int64)
         self.depth_calls = np.zeros(self.n, np.int64)
 
@@ -307,6 +150,9 @@ class SizeEnv(_ReplayCore):
             if not len(j):
                 break
             o = obs.ltd_depth_obs(self.wa.sorted_candidates[rows[j], d - 1], d, ctx[j], self.cfg.width, presorted=True)
+            if self.rich:
+                o = rich.with_extra(o, rich.ltd_depth_extra(
+                    rich.entropy_feature(self.wa.entropy[rows[j], d - 1]), self.hist.features(idx[j])))
             stop = j[~np.asarray(self.depth_policy(o), bool)]
             D[stop] = d
             drafting[stop] = False
@@ -315,8 +161,9 @@ class SizeEnv(_ReplayCore):
 
     def observe(self):
         rows = self.rows()
-        return obs.ltd_size_obs(self.wa.sorted_candidates[rows], self.D, self.logs.context_len[rows], self.cfg.width,
-                                self.Dmax, presorted=True)
+        o = obs.ltd_size_obs(self.wa.sorted_candidates[rows], self.D, self.logs.context_len[rows], self.cfg.width,
+                             self.Dmax, presorted=True)
+        return rich.with_extra(o, self.hist.features()) if self.rich else o
 
     def step(self, actions):
         a = np.asarray(actions, np.int64)
@@ -351,7 +198,7 @@ class ShapeEnv(_ReplayCore):
         logs.grid_index(self.shapes[:, 0])
         self.n_actions = len(self.shapes)
         super().__init__(logs, latency, cfg)
-        self.obs_dim = obs.RESPS_DIM
+        self.obs_dim = rich.obs_dim("resps", cfg.obs_variant)
         self.last = {k: np.zeros(self.n, np.int64) for k in ("D", "W", "V", "L", "emitted")}
         self.has_last = np.zeros(self.n, bool)
         self.last_root = np.full((self.n, obs.RESPS_ROOT_K), np.nan, np.float32)
@@ -362,8 +209,9 @@ class ShapeEnv(_ReplayCore):
 
     def observe(self):
         rows = self.rows()
-        return obs.resps_obs(self.last_root, self.last["L"], self.last["D"], self.last["V"], self.last["W"],
-                             self.last["emitted"], self.logs.context_len[rows], self.has_last, self.logs.max_depth)
+        o = obs.resps_obs(self.last_root, self.last["L"], self.last["D"], self.last["V"], self.last["W"],
+                          self.last["emitted"], self.logs.context_len[rows], self.has_last, self.logs.max_depth)
+        return rich.with_extra(o, self.hist.features()) if self.rich else o
 
     def step(self, actions):
         a = np.asarray(actions, np.int64)
@@ -407,7 +255,7 @@ class RadarEnv(_ReplayCore):
     def __init__(self, logs, latency, cfg: EnvConfig):
         super().__init__(logs, latency, cfg)
         self.tmax = min(cfg.radar_max_calls, logs.max_depth)
-        self.obs_dim = cfg.width
+        self.obs_dim = rich.obs_dim("radar", cfg.obs_variant, cfg.width)
         self.d = np.ones(self.n, np.int64)
         if cfg.radar_reward == "expected" and self.wa.accept_dist is None:
             raise ValueError("radar_reward='expected' needs accept_dist (T > 0 logs)")
@@ -417,7 +265,11 @@ class RadarEnv(_ReplayCore):
 
     def observe(self):
         rows = self.rows()
-        return obs.radar_obs(self.wa.beam_scores[rows, self.d - 1], self.cfg.width)
+        o = obs.radar_obs(self.wa.beam_scores[rows, self.d - 1], self.cfg.width)
+        if not self.rich:
+            return o
+        return rich.with_extra(o, rich.radar_extra(rich.entropy_feature(self.wa.entropy[rows, self.d - 1]),
+                                                   self.logs.context_len[rows], self.hist.features()))
 
     def step(self, actions):
         a = np.asarray(actions).astype(bool)

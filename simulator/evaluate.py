@@ -21,7 +21,8 @@ from pipeline.errors import DataError, DraftGymError
 from simulator import baselines as B
 from simulator.latency import LatencyModel
 from simulator.logs import ReplayLogs, load_logs
-from simulator.policy import Policy, Shape, load_policy
+from simulator.checkpoint import load_policy
+from simulator.policy import Policy, Shape
 from simulator.replay import SimResult, autoregressive, simulate
 
 

@@ -44,7 +44,7 @@ SIZE_ACTIONS: tuple[int, ...] = tuple(range(20, 241, 20))
 
 def size_actions(space: str = "seeds", verify_grid=None) -> tuple[int, ...]:
     """LTD size-policy values. "seeds": SIZE_ACTIONS (V = 20..240). "wide": every logged V in 2..240
-    (2, 4, 8, 10, 20, ..: small trees are what a CPU can afford; see simulator.env.ACTION_SPACES)."""
+    (2, 4, 8, 10, 20, ..: small trees are what a CPU can afford; see simulator.env_core.ACTION_SPACES)."""
     if space == "seeds":
         return SIZE_ACTIONS
     if space == "wide":

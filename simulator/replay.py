@@ -29,6 +29,7 @@ import numpy as np
 from simulator.latency import LatencyModel
 from simulator.logs import ReplayLogs
 from simulator.observations import RESPS_ROOT_K
+from simulator.policy import PlanBatch, PoolBatch, StepBatch
 
 
 def call_seconds(policy, latency: LatencyModel) -> float:
@@ -115,7 +116,6 @@ def simulate(policy, logs: ReplayLogs, latency: LatencyModel, seed: int = 0, max
     call_s = call_seconds(policy, latency)
     policy.reset(S, seed=seed)
     tr = {k: [] for k in ("seq", "position", "depth", "width", "verify", "accepted", "emitted", "t_cycle")} if trace else None
-    from simulator.policy import PlanBatch, PoolBatch, StepBatch   # (policy imports replay lazily too)
 
     while active.any():
         env = np.flatnonzero(active)

@@ -40,9 +40,9 @@ def load_training_data(logs_root, model=None, temperature=None, datasets=None, s
 
 def greedy(net):
     """numpy obs -> argmax action (for frozen partner policies inside an env)."""
-    from simulator.policy import _torch_logits
+    from simulator.nets import torch_logits
 
-    return lambda o: _torch_logits(net, o).argmax(-1)
+    return lambda o: torch_logits(net, o).argmax(-1)
 
 
 def replay_tokens_per_s(policy, logs: ReplayLogs, lat: LatencyModel) -> float:

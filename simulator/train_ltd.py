@@ -28,8 +28,10 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from simulator import observations as obs
+from simulator import observations_rich as rich
 from simulator.env import ReplayEnv
-from simulator.policy import LTDPolicy, save_policy
+from simulator.checkpoint import save_policy
+from simulator.policy_ltd import LTDPolicy
 from simulator.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
 from simulator.train_common import (TrainData, finish, greedy, load_training_data, logs_info, reference_speeds,
                                     replay_tokens_per_s, resolve_verify_size)
@@ -45,6 +47,7 @@ class LTDConfig:
     size_steps: int = 50_000
     iters: tuple[int, ...] = (0, 1, 2, 3)
     seed: int = 0
+    obs_variant: str = "paper"              # paper (LTD's observations) | rich (observations_rich)
     size_values: tuple[int, ...] = obs.SIZE_ACTIONS   # size actions (observations.size_actions; "wide" on CPUs)
     depth_ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
         gamma=0.999, actor_hidden=(1024,), critic_hidden=(1024, 256), boundary="cycle"))
@@ -76,11 +79,11 @@ def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
 
     def policy(d=None, s=None):
         return LTDPolicy(d, s, width=W, max_depth=cfg.max_depth, verify_size=cfg.verify_size,
-                         fixed_depth=cfg.fixed_depth, size_values=cfg.size_values)
+                         fixed_depth=cfg.fixed_depth, size_values=cfg.size_values, obs_variant=cfg.obs_variant)
 
     def run_depth(tag, size_actor):
         env = ReplayEnv(data.train, lat, "depth", n_envs=cfg.depth_ppo.n_envs, width=W, max_depth=cfg.max_depth,
-                        verify_size=cfg.verify_size, seed=cfg.seed,
+                        verify_size=cfg.verify_size, seed=cfg.seed, obs_variant=cfg.obs_variant,
                         size_policy=None if size_actor is None else _size_values_fn(size_actor, cfg.size_values))
         pc = replace(cfg.depth_ppo, total_steps=cfg.depth_steps, seed=cfg.seed)
         r = ppo_train(env, pc, depth["actor"], depth["critic"],
@@ -92,7 +95,7 @@ def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
 
     def run_size(tag, depth_actor):
         env = ReplayEnv(data.train, lat, "size", n_envs=cfg.size_ppo.n_envs, width=W, max_depth=cfg.max_depth,
-                        seed=cfg.seed + 1, depth_policy=None if depth_actor is None else _continue_fn(depth_actor),
+                        seed=cfg.seed + 1, obs_variant=cfg.obs_variant, depth_policy=None if depth_actor is None else _continue_fn(depth_actor),
                         size_values=cfg.size_values)
         pc = replace(cfg.size_ppo, total_steps=cfg.size_steps, seed=cfg.seed + 1)
         r = ppo_train(env, pc, size["actor"], size["critic"],
@@ -124,14 +127,16 @@ def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
 def save_ltd(out, name: str, depth_net, size_net, cfg: LTDConfig, training: dict):
     comps = {}
     if depth_net is not None:
+        dim = rich.obs_dim("ltd_depth", cfg.obs_variant, cfg.width)
         comps["depth"] = {"module": depth_net,
-                          "net": mlp_spec(obs.ltd_depth_obs_dim(cfg.width), cfg.depth_ppo.actor_hidden, 2),
-                          "obs": {"name": "ltd_depth", "width": cfg.width, "dim": obs.ltd_depth_obs_dim(cfg.width)},
+                          "net": mlp_spec(dim, cfg.depth_ppo.actor_hidden, 2),
+                          "obs": {"name": "ltd_depth", "variant": cfg.obs_variant, "width": cfg.width, "dim": dim},
                           "action": {"type": "stop_continue", "max_depth": cfg.max_depth}}
     if size_net is not None:
-        dim = obs.ltd_size_obs_dim(cfg.width, cfg.max_depth)
+        dim = rich.obs_dim("ltd_size", cfg.obs_variant, cfg.width, cfg.max_depth)
         comps["size"] = {"module": size_net, "net": mlp_spec(dim, cfg.size_ppo.actor_hidden, len(cfg.size_values)),
-                         "obs": {"name": "ltd_size", "width": cfg.width, "max_depth": cfg.max_depth, "dim": dim},
+                         "obs": {"name": "ltd_size", "variant": cfg.obs_variant, "width": cfg.width,
+                                 "max_depth": cfg.max_depth, "dim": dim},
                          "action": {"type": "verify_size", "values": list(cfg.size_values)}}
     return save_policy(out, name, "ltd", comps, {"width": cfg.width, "max_depth": cfg.max_depth,
                                                  "verify_size": cfg.verify_size, "depth": cfg.fixed_depth}, training)
@@ -139,7 +144,7 @@ def save_ltd(out, name: str, depth_net, size_net, cfg: LTDConfig, training: dict
 
 def config_from_args(args, data: TrainData) -> LTDConfig:
     """LTDConfig for the logs' width, --seed, --action-space (size actions) and --verify-size."""
-    cfg = LTDConfig(width=data.train.width, seed=args.seed)
+    cfg = LTDConfig(width=data.train.width, seed=args.seed, obs_variant=getattr(args, "obs", "paper"))
     space = getattr(args, "action_space", "seeds")
     if space != "seeds":
         cfg = replace(cfg, size_values=obs.size_actions(space, data.train.verify_grid))

@@ -22,8 +22,11 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from simulator import observations as obs
+from simulator import observations_rich as rich
 from simulator.env import ReplayEnv
-from simulator.policy import RadarNet, RadarPolicy, save_policy
+from simulator.checkpoint import save_policy
+from simulator.nets import RadarNet
+from simulator.policy_radar import RadarPolicy
 from simulator.ppo import plot_history
 from simulator.train_common import TrainData, finish, load_training_data, logs_info, reference_speeds, \
     replay_tokens_per_s, resolve_verify_size
@@ -44,6 +47,7 @@ class RadarConfig:
     reward: str = "exact"              # exact | expected
     baseline: str = "none"             # none (RADAR) | mean
     eval_every: int = 250
+    obs_variant: str = "paper"         # paper (RADAR's confidences) | rich (observations_rich)
     seed: int = 0
 
 
@@ -55,12 +59,14 @@ def train_radar(data: TrainData, cfg: RadarConfig, progress: bool = True) -> dic
     lat = data.latency
     env = ReplayEnv(data.train, lat, "radar", n_envs=cfg.batch, width=cfg.width, verify_size=cfg.verify_size,
                     radar_max_calls=cfg.max_calls, radar_alpha=cfg.alpha, radar_count_bonus=cfg.count_bonus,
-                    radar_reward=cfg.reward, episode_cycles=1, autoreset=False, seed=cfg.seed)
-    net = RadarNet(cfg.width, cfg.hidden, cfg.mlp_hidden, 2)
+                    radar_reward=cfg.reward, episode_cycles=1, autoreset=False, seed=cfg.seed,
+                    obs_variant=cfg.obs_variant)
+    net = RadarNet(env.obs_dim, cfg.hidden, cfg.mlp_hidden, 2)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     rng = np.random.default_rng(cfg.seed)
     history, best_val, best = [], -np.inf, None
-    pol = lambda n: RadarPolicy(n, width=cfg.width, verify_size=cfg.verify_size, max_calls=cfg.max_calls)
+    pol = lambda n: RadarPolicy(n, width=cfg.width, verify_size=cfg.verify_size, max_calls=cfg.max_calls,
+                                obs_variant=cfg.obs_variant)
     bar = tqdm(range(cfg.steps), desc="RADAR", unit="step", disable=not progress, leave=False)
     t0 = time.perf_counter()
     rets, depths = [], []
@@ -114,7 +120,7 @@ def run_cli(args) -> int:
                               profile=args.profile, latency_root=args.latency,
                               dtype=getattr(args, "dtype", None),
                               latency_dtype=getattr(args, "latency_dtype", None))
-    cfg = RadarConfig(width=data.train.width, seed=args.seed)
+    cfg = RadarConfig(width=data.train.width, seed=args.seed, obs_variant=getattr(args, "obs", "paper"))
     cfg = replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size))
     if args.steps:
         cfg = replace(cfg, steps=args.steps, eval_every=max(1, min(cfg.eval_every, args.steps // 4 or 1)))
@@ -128,9 +134,11 @@ def run_cli(args) -> int:
                "reference": reference_speeds(data.val, data.latency), "config": asdict(cfg),
                "logs": logs_info(data, args.logs), "curve": str(out / "training_curve.png"),
                "history": res["history"], "wall_s": time.perf_counter() - t0}
-    spec = {"type": "radar_lstm", "in": cfg.width, "hidden": cfg.hidden, "mlp_hidden": cfg.mlp_hidden, "out": 2}
+    dim = rich.obs_dim("radar", cfg.obs_variant, cfg.width)
+    spec = {"type": "radar_lstm", "in": dim, "hidden": cfg.hidden, "mlp_hidden": cfg.mlp_hidden, "out": 2}
     save_policy(out, out.name, "radar", {"radar": {
-        "module": res["net"], "net": spec, "obs": {"name": "radar", "width": cfg.width, "dim": cfg.width},
+        "module": res["net"], "net": spec,
+        "obs": {"name": "radar", "variant": cfg.obs_variant, "width": cfg.width, "dim": dim},
         "action": {"type": "stop_continue", "max_depth": cfg.max_calls}}},
         {"width": cfg.width, "verify_size": cfg.verify_size, "max_depth": cfg.max_calls},
         {k: v for k, v in summary.items() if k != "history"})

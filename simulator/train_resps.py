@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 
 from simulator import observations as obs
+from simulator import observations_rich as rich
 from simulator.env import ReplayEnv, resps_shapes
-from simulator.policy import ShapePolicy, save_policy
+from simulator.checkpoint import save_policy
+from simulator.policy_resps import ShapePolicy
 from simulator.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
 from simulator.train_common import TrainData, finish, load_training_data, logs_info, reference_speeds, \
     replay_tokens_per_s
@@ -32,6 +34,7 @@ class ResSpSConfig:
     steps: int = 30_000                  # decisions (each = hold_train cycles)
     seed: int = 0
     action_space: str = "seeds"          # seeds | wide (env.resps_shapes)
+    obs_variant: str = "paper"           # paper (probability features) | rich (observations_rich)
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
         n_envs=64, n_steps=32, minibatch=32, epochs=4, clip=0.2, ent_coef=0.1, lr=3e-4, warmup_frac=0.0,
         gamma=0.0, actor_hidden=(128, 128), critic_hidden=(128, 128), boundary="step", eval_every=5))
@@ -41,9 +44,10 @@ def train_resps(data: TrainData, cfg: ResSpSConfig, progress: bool = True) -> di
     lat = data.latency
     shapes = resps_shapes(data.train, space=cfg.action_space)
     env = ReplayEnv(data.train, lat, "shape", n_envs=cfg.ppo.n_envs, hold_cycles=cfg.hold_train,
-                    shapes=tuple(map(tuple, shapes.tolist())), seed=cfg.seed)
+                    shapes=tuple(map(tuple, shapes.tolist())), seed=cfg.seed, obs_variant=cfg.obs_variant)
     pc = replace(cfg.ppo, total_steps=cfg.steps, seed=cfg.seed)
-    pol = lambda a: ShapePolicy(a, shapes, hold=cfg.hold_infer, max_depth=data.train.max_depth)
+    pol = lambda a: ShapePolicy(a, shapes, hold=cfg.hold_infer, max_depth=data.train.max_depth,
+                                obs_variant=cfg.obs_variant)
     r = ppo_train(env, pc, validate=lambda a: replay_tokens_per_s(pol(a), data.val, lat), desc="Re-SpS",
                   progress=progress, phase="resps")
     return {"net": r["best_actor"], "shapes": shapes, "history": r["history"], "val": r["best_val"]}
@@ -57,7 +61,8 @@ def run_cli(args) -> int:
                               widths="all", profile=args.profile, latency_root=args.latency,
                               dtype=getattr(args, "dtype", None),
                               latency_dtype=getattr(args, "latency_dtype", None))
-    cfg = ResSpSConfig(seed=args.seed, action_space=getattr(args, "action_space", "seeds"))
+    cfg = ResSpSConfig(seed=args.seed, action_space=getattr(args, "action_space", "seeds"),
+                       obs_variant=getattr(args, "obs", "paper"))
     if args.steps:
         cfg = replace(cfg, steps=args.steps)
     if args.n_envs:
@@ -71,8 +76,10 @@ def run_cli(args) -> int:
                "shapes": res["shapes"].tolist(), "logs": logs_info(data, args.logs),
                "curve": str(out / "training_curve.png"), "history": res["history"], "wall_s": time.perf_counter() - t0}
     save_policy(out, out.name, "resps", {"shape": {
-        "module": res["net"], "net": mlp_spec(obs.RESPS_DIM, cfg.ppo.actor_hidden, len(res["shapes"])),
-        "obs": {"name": "resps", "dim": obs.RESPS_DIM, "max_depth": data.train.max_depth},
+        "module": res["net"], "net": mlp_spec(rich.obs_dim("resps", cfg.obs_variant), cfg.ppo.actor_hidden,
+                                              len(res["shapes"])),
+        "obs": {"name": "resps", "variant": cfg.obs_variant, "dim": rich.obs_dim("resps", cfg.obs_variant),
+                "max_depth": data.train.max_depth},
         "action": {"type": "shape", "shapes": res["shapes"].tolist(), "hold": cfg.hold_infer}}},
         {"max_depth": data.train.max_depth}, {k: v for k, v in summary.items() if k != "history"})
     return finish(out, summary, args.json)

@@ -8,7 +8,9 @@ import pytest
 
 from online.cli import main
 from simulator.observations import ltd_depth_obs_dim, ltd_size_obs_dim
-from simulator.policy import LTDPolicy, build_net, load_checkpoint, save_policy
+from simulator.checkpoint import load_checkpoint, save_policy
+from simulator.nets import build_net
+from simulator.policy_ltd import LTDPolicy
 from simulator.replay import simulate
 from tests.test_sim_fixtures import syn, syn_root  # noqa: F401
 

@@ -11,10 +11,15 @@ from pipeline.engine import Engine
 from pipeline.errors import DraftGymError
 from pipeline.head import random_head
 from simulator import baselines as B
+from simulator import observations_rich as rich
 from simulator.latency import LatencyModel
 from simulator.logs import load_logs
 from simulator.observations import RESPS_DIM, ltd_depth_obs_dim, ltd_size_obs_dim
-from simulator.policy import LTDPolicy, PolicyController, RadarPolicy, ShapePolicy, build_net
+from online.policy_controller import PolicyController
+from simulator.nets import build_net
+from simulator.policy_ltd import LTDPolicy
+from simulator.policy_radar import RadarPolicy
+from simulator.policy_resps import ShapePolicy
 from simulator.replay import simulate
 from simulator.synthetic import write_positions, write_sequences
 from tests.conftest import make_tiny_llama
@@ -59,7 +64,7 @@ def _policies(logs):
     """Policies whose decisions vary on these logs: thresholds at the data's medians, nets with fitted
     input standardisation (seeds picked so the random nets' decisions vary: LTD D in 2..5, V in 1..30)."""
     from simulator.observations import best_beam_entropy, best_beam_score, ltd_depth_obs, ltd_size_obs, resps_obs
-    from simulator.policy import set_obs_norm
+    from simulator.nets import set_obs_norm
 
     wa = logs.w[W]
     ddd_thr = float(np.median(best_beam_score(wa.beam_scores[:, 1])))
@@ -75,11 +80,27 @@ def _policies(logs):
     for net, o in ((depth, d_obs), (size, s_obs), (shape, r_obs)):
         set_obs_norm(net, o)
     radar = _net({"type": "radar_lstm", "in": W, "hidden": 8, "mlp_hidden": 8, "out": 2}, 9)   # stops at call 3
+    # the rich variant (observations_rich): the same inputs plus entropy / acceptance-history columns,
+    # standardised on the paper sample plus uniform [0, 1] columns (the history's range)
+    ext = lambda o, k, seed: np.concatenate([o, np.random.default_rng(seed).random((len(o), k), np.float32)], 1)
+    depth_r = _net({"type": "mlp", "in": rich.obs_dim("ltd_depth", "rich", W), "hidden": [16], "out": 2,
+                    "obs_norm": True}, 5)
+    size_r = _net({"type": "mlp", "in": rich.obs_dim("ltd_size", "rich", W, DMAX), "hidden": [16], "out": 7,
+                   "obs_norm": True}, 105)
+    shape_r = _net({"type": "mlp", "in": rich.obs_dim("resps", "rich"), "hidden": [16], "out": len(shapes),
+                    "obs_norm": True}, 5)
+    for net, o, k in ((depth_r, d_obs, 5), (size_r, s_obs, 4), (shape_r, r_obs, 4)):
+        set_obs_norm(net, ext(o, k, k))
+    radar_r = _net({"type": "radar_lstm", "in": rich.obs_dim("radar", "rich", W), "hidden": 8, "mlp_hidden": 8,
+                    "out": 2}, 5)      # seeds 5 / 105: the rich variants' D and V vary on these logs
     return [B.StaticPolicy(5, W, 20), B.DDDPolicy(threshold=ddd_thr, checkpoints=(2, 3, 4), width=W, verify=30, max_depth=DMAX),
             B.EntropyStopPolicy(theta=theta, width=W, verify=30, max_depth=DMAX), B.GoodputPolicy.fit(logs, LAT, width=W, verify=30),
             LTDPolicy(depth, size, width=W, max_depth=DMAX, size_values=GRID),
             RadarPolicy(radar, width=W, verify_size=30, max_calls=DMAX),
-            ShapePolicy(shape, shapes, hold=2, max_depth=DMAX)]
+            ShapePolicy(shape, shapes, hold=2, max_depth=DMAX),
+            LTDPolicy(depth_r, size_r, width=W, max_depth=DMAX, size_values=GRID, name="ltd-rich", obs_variant="rich"),
+            RadarPolicy(radar_r, width=W, verify_size=30, max_calls=DMAX, name="radar-rich", obs_variant="rich"),
+            ShapePolicy(shape_r, shapes, hold=2, max_depth=DMAX, name="resps-rich", obs_variant="rich")]
 
 
 LAT = LatencyModel.from_constants(draft_step=0.004, verify=0.03, verify_per_token=5e-4)
@@ -90,6 +111,8 @@ def test_engine_with_policy_matches_replay(collected):
     total = 0
     for pol in _policies(logs):
         sim = simulate(pol, logs, LAT, trace=True).trace
+        if pol.rich:             # the rich variants' decisions vary on these logs (else the test shows little)
+            assert len(set(zip(sim["depth"].tolist(), sim["verify"].tolist()))) > 1, pol.name
         for s, prompt in enumerate(prompts):
             real = eng.generate(prompt, T, controller=PolicyController(pol, max_depth=DMAX))
             m = sim["seq"] == s
@@ -136,7 +159,7 @@ def test_numpy_mlp_matches_torch():
     """The online controller's batch-1 numpy forward is the torch net's function: logits to 1e-5,
     also with only the drafted levels' weight rows read (LTD's size observation, padded levels)."""
     from simulator.observations import SCORE_FLOOR, ltd_size_obs
-    from simulator.policy import NumpyMLP, set_obs_norm
+    from simulator.nets import NumpyMLP, set_obs_norm
 
     Wd, Dm = 4, 5
     n_in = ltd_size_obs_dim(Wd, Dm)
@@ -169,7 +192,9 @@ def test_numpy_radar_matches_torch():
     """RADAR's batch-1 numpy step (LSTMCell + MLP) is the torch net's function over a whole
     trajectory of calls: logits and LSTM state to 1e-5, the same STOP/CONTINUE decisions, and a
     batch-1 RadarPolicy makes the same decisions as the batched torch path."""
-    from simulator.policy import NumpyRadar, RadarNet, RadarPolicy, StepBatch
+    from simulator.policy import StepBatch
+    from simulator.nets import NumpyRadar, RadarNet
+    from simulator.policy_radar import RadarPolicy
 
     torch.manual_seed(4)
     net = RadarNet(n_in=6, hidden=16, mlp_hidden=12).eval()

@@ -10,7 +10,10 @@ from simulator.env import EnvConfig, ReplayEnv, ReplayGymEnv, resps_shapes
 from simulator.latency import LatencyModel
 from simulator.logs import load_logs
 from simulator.observations import RESPS_DIM, ltd_depth_obs_dim, ltd_size_obs_dim
-from simulator.policy import LTDPolicy, RadarPolicy, ShapePolicy, build_net
+from simulator.nets import build_net
+from simulator.policy_ltd import LTDPolicy
+from simulator.policy_radar import RadarPolicy
+from simulator.policy_resps import ShapePolicy
 from simulator.replay import autoregressive, simulate
 from tests.test_sim_fixtures import HAND_GRID, HAND_SEQS, hand_root, syn, syn_root  # noqa: F401
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 
 from online.cli import main
-from simulator.policy import load_checkpoint, read_manifest
+from simulator.checkpoint import load_checkpoint, read_manifest
 from simulator.ppo import PPOConfig
 from simulator.replay import simulate
 from simulator.train_common import load_training_data

@@ -24,7 +24,7 @@ def test_validate_end_to_end(tmp_path, tiny_model_dir, tiny_logs, capsys):
                 "--head", "random", "--max-new-tokens", "12", "--json"]) == 0
     cost = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     from simulator.latency import LatencyModel
-    from simulator.policy import latency_key, load_checkpoint
+    from simulator.checkpoint import latency_key, load_checkpoint
     key = latency_key(pol)
     assert set(cost["per_call_s"]) == {key} and cost["per_call_s"][key] > 0
     lat = LatencyModel.from_logs(tiny_logs)
@@ -110,7 +110,7 @@ def test_validate_profile_first(tmp_path, tiny_model_dir, tiny_logs, radar_ckpt,
     pf = rep["profile_first"]
     assert pf["policies_timed"] == 1 and rep["latency_profile"] == {"root": str(out), "profile_id": pf["profile_id"]}
     from simulator.latency import LatencyModel
-    from simulator.policy import latency_key
+    from simulator.checkpoint import latency_key
     lat = LatencyModel.from_logs(out)
     assert lat.meta["profile_id"] == pf["profile_id"] and latency_key(pol) in lat.policy_costs
     assert sorted(set(lat.verify.points["x"].tolist())) == [1.0, 2.0, 4.0, 8.0]
@@ -159,5 +159,5 @@ def test_validate_profile_interleave(tmp_path, tiny_model_dir, tiny_logs, radar_
     # pooled: every round's samples (>= 8 cycles per (V, c) per round, 2 x 2 points, 3 rounds)
     assert n[pi["profile_id"]] >= 3 * 8 * 4 and n[pi["profile_id"]] > n[rep["profile_first"]["profile_id"]]
     # the checkpoint's call cost, timed before decoding, is carried over to the pooled profile
-    from simulator.policy import latency_key
+    from simulator.checkpoint import latency_key
     assert pooled.policy_costs[latency_key(radar_ckpt)] == pytest.approx(first.policy_costs[latency_key(radar_ckpt)])

@@ -9,7 +9,6 @@ import time
 import torch
 
 import simulator.observations as obs
-import simulator.policy as P
 from pipeline.engine import Engine
 from pipeline.generate import load_head_for
 from pipeline.target import encode_prompt, load_target
@@ -18,7 +17,18 @@ torch.set_num_threads(2)
 t = load_target("smollm2-135m")
 eng = Engine(t.model, load_head_for("default", t.model), t.eos_token_ids)
 ids = encode_prompt(t.tokenizer, "Explain how a hash map works, step by step.")
-ctrl = P.PolicyController(P.load_checkpoint(sys.argv[1]))
+try:                                     # the layout since simulator/policy.py was split by method
+    import simulator.policy_ltd as _ltd
+    import simulator.policy_radar as _radar
+    from online.policy_controller import PolicyController
+    from simulator.checkpoint import load_checkpoint
+    from simulator.nets import NumpyMLP, NumpyRadar
+    CHOOSERS = [(m, "choose_action") for m in (_ltd, _radar)]
+except ImportError:                      # older commits: everything in simulator/policy.py
+    import simulator.policy as P
+    PolicyController, load_checkpoint, NumpyMLP, NumpyRadar = P.PolicyController, P.load_checkpoint, P.NumpyMLP, P.NumpyRadar
+    CHOOSERS = [(P, "_choose")]
+ctrl = PolicyController(load_checkpoint(sys.argv[1]))
 eng.generate(ids, 8, controller=ctrl)                      # warm-up
 T = {}
 
@@ -36,10 +46,11 @@ for name in ("to_numpy", "sort_desc", "ltd_depth_obs", "ltd_size_obs", "level_sc
              "ltd_depth_obs_one", "ltd_size_obs_parts", "radar_obs", "radar_obs_one"):
     if hasattr(obs, name):
         setattr(obs, name, timed(name, getattr(obs, name)))
-for cls, meth in ((P.NumpyMLP, "__call__"), (P.NumpyMLP, "call_parts"), (P.NumpyRadar, "__call__")):
+for cls, meth in ((NumpyMLP, "__call__"), (NumpyMLP, "call_parts"), (NumpyRadar, "__call__")):
     if hasattr(cls, meth):
         setattr(cls, meth, timed(f"{cls.__name__}.{meth}", getattr(cls, meth)))
-P._choose = timed("_choose", P._choose)
+for mod, fname in CHOOSERS:
+    setattr(mod, fname, timed("choose_action", getattr(mod, fname)))
 for k in ("plan", "continue_drafting", "verify_size"):
     setattr(ctrl, k, timed("controller." + k, getattr(ctrl, k)))
 r = eng.generate(ids, 64, controller=ctrl)

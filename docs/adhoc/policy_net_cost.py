@@ -1,5 +1,6 @@
 import time, numpy as np, torch
-from simulator.policy import load_checkpoint, _torch_logits
+from simulator.checkpoint import load_checkpoint
+from simulator.nets import torch_logits as _torch_logits
 from simulator import observations as obs
 torch.set_num_threads(2)
 p = load_checkpoint("data/policies/ltd-cpu")

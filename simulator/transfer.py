@@ -1,0 +1,146 @@
+"""`draftgym transfer`: hardware transfer from one set of acceptance logs and two latency profiles.
+
+The claim it tests (issue I): acceptance is a property of the (target, head, prompts), time is a
+property of the device, so a new device costs a latency profile, not a new collection. For each
+profile P (a dtype of the logs' machine, or a profile id from another machine):
+
+    1. train a policy on the logs' train split against P (`draftgym train ... --latency-dtype P`)
+    2. replay every trained policy on the test split under every profile Q
+
+and report the 2 x 2 table  tokens/s(policy_P | Q) / tokens/s(grid-best_Q | Q), with grid-best_Q
+the best static (D, W, V) on the val split under Q (the test split never picks anything), plus AR
+and the hindsight oracle under Q for scale. The diagonal is "each policy on its own setting"; the
+off-diagonal cells are the cross pairings. Online validation of the same pairings is
+`draftgym validate --policy <out>/policy-<P> --dtype <Q>` (docs/policies.md).
+
+Profile specs: float32 | bfloat16 | float16 (a dtype: that dtype's newest profile under the latency
+root) or id:<profile_id> (any profile, e.g. one copied from another machine's logs/latency/).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import DraftGymError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _latency(root, model, spec: str):
+    from simulator.latency import LatencyModel
+
+    if spec.startswith("id:"):
+        return LatencyModel.from_logs(root, model=model, profile=spec[3:])
+    if spec not in DTYPES:
+        raise DraftGymError(f"profile spec {spec!r}: a dtype ({' | '.join(DTYPES)}) or id:<profile_id>")
+    return LatencyModel.from_logs(root, model=model, dtype=spec)
+
+
+def _train_flags(spec: str) -> list[str]:
+    return ["--profile", spec[3:]] if spec.startswith("id:") else ["--latency-dtype", spec]
+
+
+def _slug(spec: str) -> str:
+    return spec.replace("id:", "").replace("/", "_")
+
+
+def train_for_profiles(logs: str, method: str, specs: list[str], out: Path, train_args: list[str], train) -> dict:
+    """One policy per profile via `train(argv)` = `draftgym train` (same flags, only the profile differs)."""
+    dirs = {}
+    for spec in specs:
+        d = out / f"policy-{_slug(spec)}"
+        print(f"[transfer] training {method} against profile {spec} -> {d}", flush=True)
+        train(["--logs", logs, "--method", method, "--out", str(d), *_train_flags(spec), *train_args])
+        dirs[spec] = d
+    return dirs
+
+
+def cross_table(logs_root: str, policy_dirs: dict, specs: list[str], latency_root: str | None = None,
+                model: str | None = None, split: str = "test", dtype: str | None = None) -> dict:
+    """Replay each policy under each profile on `split`; grid-best picked on val under that profile."""
+    from simulator import baselines as B
+    from simulator.checkpoint import load_checkpoint
+    from simulator.logs import load_logs
+    from simulator.replay import autoregressive, simulate
+
+    logs = load_logs(logs_root, model=model, dtype=dtype)
+    test, val = logs.select(split), logs.select("val")
+    if test.n_sequences == 0:
+        raise DraftGymError(f"no {split!r} sequences under {logs_root}")
+    tune = val if val.n_sequences else logs.select("train")
+    cells, ref = {}, {}
+    for q in specs:
+        lat = _latency(latency_root or logs_root, logs.model, q)
+        best = B.grid_search(tune, lat)["by_dataset"]["all"]["config"]
+        tps = lambda pol: simulate(pol, test, lat).summary()["tokens_per_s"]
+        ref[q] = {"profile_id": lat.meta.get("profile_id"), "device": lat.meta.get("device"),
+                  "grid_best": list(best), "grid_best_tokens_per_s": tps(B.StaticPolicy(*best)),
+                  "ar_tokens_per_s": autoregressive(test, lat).summary()["tokens_per_s"],
+                  "oracle_tokens_per_s": tps(B.OraclePolicy(test, lat))}
+        for p, d in policy_dirs.items():
+            v = tps(load_checkpoint(d))
+            cells[f"{p}|{q}"] = {"trained_on": p, "evaluated_on": q, "tokens_per_s": v,
+                                 "vs_grid_best": v / ref[q]["grid_best_tokens_per_s"],
+                                 "vs_ar": v / ref[q]["ar_tokens_per_s"]}
+    return {"split": split, "sequences": int(test.n_sequences), "profiles": ref, "cells": cells}
+
+
+def write_report(res: dict, specs: list[str], out: Path) -> None:
+    """transfer.json, transfer.md (the 2 x 2 table) and transfer.png (bars per evaluation profile)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (out / "transfer.json").write_text(json.dumps(res, indent=2) + "\n")
+    lines = [f"Test split, {res['sequences']} sequences. Cell: replay tokens/s (x grid-best of the column's profile, "
+             f"x AR).", "", "| trained on \\ evaluated on | " + " | ".join(specs) + " |",
+             "|---" * (len(specs) + 1) + "|"]
+    for p in specs:
+        row = [res["cells"][f"{p}|{q}"] for q in specs]
+        lines.append(f"| {p} | " + " | ".join(f"{c['tokens_per_s']:.2f} ({c['vs_grid_best']:.3f}x, {c['vs_ar']:.2f}x AR)"
+                                              for c in row) + " |")
+    for q in specs:
+        r = res["profiles"][q]
+        lines.append(f"| grid-best {tuple(r['grid_best'])} on {q} | " + " | ".join(
+            f"{r['grid_best_tokens_per_s']:.2f}" if q2 == q else "" for q2 in specs) + " |")
+    lines += ["", "AR / oracle under each profile: " + "; ".join(
+        f"{q}: {res['profiles'][q]['ar_tokens_per_s']:.2f} / {res['profiles'][q]['oracle_tokens_per_s']:.2f} tokens/s"
+        for q in specs)]
+    (out / "transfer.md").write_text("\n".join(lines) + "\n")
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    x = np.arange(len(specs))
+    wbar = 0.8 / (len(specs) + 1)
+    for i, p in enumerate(specs):
+        ax.bar(x + i * wbar, [res["cells"][f"{p}|{q}"]["vs_grid_best"] for q in specs], wbar, label=f"trained on {p}")
+    ax.bar(x + len(specs) * wbar, [res["profiles"][q]["oracle_tokens_per_s"] / res["profiles"][q]["grid_best_tokens_per_s"]
+                                   for q in specs], wbar, label="oracle", color="0.75")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(x + 0.4 - wbar / 2, [f"evaluated on {q}" for q in specs])
+    ax.set_ylabel("tokens/s / grid-best (replay)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "transfer.png", dpi=110)
+    plt.close(fig)
+
+
+def run_transfer_command(args, train_args: list[str], train) -> int:
+    """`draftgym transfer` (simulator/cli.py); train(argv) runs `draftgym train` with argv."""
+    specs = [s.strip() for s in args.profiles.split(",") if s.strip()]
+    if len(specs) < 2 or len(set(specs)) != len(specs):
+        raise DraftGymError("--profiles: two or more distinct profile specs, e.g. float32,bfloat16")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for s in specs:                       # every profile exists before any training starts
+        _latency(args.latency or args.logs, args.model, s)
+    dirs = train_for_profiles(args.logs, args.method, specs, out, train_args, train)
+    res = cross_table(args.logs, dirs, specs, args.latency, args.model, args.split, args.dtype)
+    from pipeline.fingerprint import environment_fingerprint
+    res.update(method=args.method, train_args=train_args, logs=args.logs, wall_s=time.perf_counter() - t0,
+               date=time.strftime("%Y-%m-%d %H:%M:%S"), environment=environment_fingerprint("cpu"))
+    write_report(res, specs, out)
+    print((out / "transfer.md").read_text())
+    return 0
