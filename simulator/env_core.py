@@ -131,9 +131,9 @@ class _ReplayCore:
         starts with an acceptance history, as it would in decoding (that history comes from a static
         tree, not from the policy being trained: a documented approximation; whole-sequence episodes
         need none). A sequence that would end stops its burn-in early."""
-        D, W = min(BURN_IN_SHAPE[0], self.logs.max_depth), self.cfg.width
+        D = min(BURN_IN_SHAPE[0], self.logs.max_depth)
         g = self.logs.grid_index(self.logs.snap_to_grid(BURN_IN_SHAPE[1]))
-        acc = self.logs.w[W].acceptance
+        acc = self.wa.acceptance                                          # the env's W
         live = np.asarray(idx)
         for _ in range(self.cfg.history_burn_in):
             L = acc[self.rows(live), D - 1, g].astype(np.int64)

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.observations import CTX_SCALE, DEFAULT_MAX_DEPTH, RESPS_DIM, ltd_depth_obs_dim, ltd_size_obs_dim, to_numpy
+from simulator.observations import (CTX_SCALE, DEFAULT_MAX_DEPTH, RESPS_DIM, best_beam_entropy, ltd_depth_obs_dim,
+                                    ltd_size_obs_dim)
 
 OBS_VARIANTS = ("paper", "rich")
 HISTORY_BETA = 0.8
@@ -105,8 +106,7 @@ class AcceptanceHistory:
 def entropy_feature(entropy) -> np.ndarray:
     """[..., W] entropies of one draft forward (slot 0: the best beam) -> [...] H / ENTROPY_SCALE,
     NaN (not logged) -> 0."""
-    e = to_numpy(entropy)[..., 0]
-    return np.where(np.isnan(e), np.float32(0.0), e / np.float32(ENTROPY_SCALE)).astype(np.float32)
+    return (best_beam_entropy(entropy) / np.float32(ENTROPY_SCALE)).astype(np.float32)
 
 
 def ltd_depth_extra(entropy_best: np.ndarray, history: np.ndarray) -> np.ndarray:
