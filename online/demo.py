@@ -11,7 +11,7 @@
                          the machine states the decoding actually saw)
 
 Each step is the `draftgym` command printed before it runs; every step resumes or overwrites, so
-running the demo twice is safe. Sizes are chosen to finish well inside 15 minutes on a 2-core CPU (320 s measured on 2026-11-23, BENCHMARKS.md G5).
+running the demo twice is safe. Sizes are chosen to finish well inside 15 minutes on a 2-core CPU (382 s measured on 2026-11-24 in bf16, BENCHMARKS.md K3).
 The shipped default head is used when this checkout has one, otherwise a random head.
 """
 from __future__ import annotations
@@ -34,13 +34,14 @@ def main(argv=None) -> int:
     ap.add_argument("--verify-sizes", default="1,2,4,8,16,32,60,100,160,240", help="profile: V values")
     ap.add_argument("--contexts", default="32,128,512", help="profile: context lengths")
     ap.add_argument("--datasets", default="mt-bench,humaneval")
-    ap.add_argument("--train-prompts", type=int, default=4, help="per dataset, train split")
-    ap.add_argument("--test-prompts", type=int, default=2, help="per dataset, test split")
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--ltd-steps", type=int, default=20000)
-    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--train-prompts", type=int, default=10, help="per dataset, train split (the policy's training logs)")
+    ap.add_argument("--test-prompts", type=int, default=3, help="per dataset, test split (held out: evaluate and validate)")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (collect and validate)")
+    ap.add_argument("--ltd-steps", type=int, default=100000,
+                    help="PPO env steps per LTD phase (1M steps take ~6.6 min in bf16 on a 2-core CPU, BENCHMARKS J2)")
+    ap.add_argument("--runs", type=int, default=1, help="validate: timed repeats per prompt")
     ap.add_argument("--profile-interleave", type=int, default=1, help="validate: profile rounds between the generations")
-    ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--no-ray", action="store_true", help="collect in-process instead of as a Ray job")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                     help="compute dtype of every step (default: bf16 on a GPU, pipeline.target.default_cpu_dtype on a CPU)")
     args = ap.parse_args(argv)

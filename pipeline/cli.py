@@ -13,10 +13,11 @@ from pipeline.cliargs import add_device_dtype, add_model_head
 
 def register(sub: argparse._SubParsersAction) -> None:
     from pipeline.collect_job import add_collect
+    from pipeline.head_lineage import add_head_report
     from pipeline.profile import add_profile
     from pipeline.query import add_query
 
-    for add in (add_generate, add_datasets, add_train_draft, add_collect, add_profile, add_query):
+    for add in (add_generate, add_datasets, add_train_draft, add_head_report, add_collect, add_profile, add_query):
         add(sub)
 
 

@@ -73,6 +73,7 @@ from pipeline.distill_data import (DATASET_SCHEMA_VERSION, TrainSequence, alloca
                                    select_reference_sequences)
 from pipeline.errors import DraftGymError
 from pipeline.head import num_params, save_head
+from pipeline.head_lineage import CURVE_PNG, lineage_of, plot_lineage
 from pipeline.train_config import (INITS, MANIFEST_VERSION, TrainConfig, _atomic_torch_save,  # noqa: F401
                                    _atomic_write_text, _hash, _log, _slug, lr_at, parse_curriculum, resolve_amp,
                                    ttt_steps_at)
@@ -260,7 +261,9 @@ def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], o
         _log(f"resumed from {ckpt_path} at step {st.step} (epoch {st.epoch}, batch {st.batch_in_epoch})")
 
     if cfg.init_from and st.step == 0:
-        st.init = {"init": "from", "from": str(cfg.init_from)}
+        # the parent's history travels with the head (pipeline/head_lineage.py): kept in the
+        # checkpointed state, so a resumed run still has it when the parent directory is gone
+        st.init = {"init": "from", "from": str(cfg.init_from), "lineage": lineage_of(cfg.init_from)}
     elif st.step == 0 and cfg.init != "random":   # a fresh head: temper its logits on the first batch
         b0 = make_batches(lengths, train_idx, cfg, 0)[0]
         ids, lens, pl, T = _pad_batch(sequences, b0, dev)
@@ -427,7 +430,8 @@ def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], o
                      "tokens_seen": st.tokens_seen, "stop_reason": stop_reason, "train_s": round(st.train_s, 1),
                      "amp": "bf16" if amp else "off", "config": {k: (list(v) if isinstance(v, tuple) else v)
                                                                   for k, v in dataclasses.asdict(cfg).items()}},
-        "init": st.init,
+        "init": {k: v for k, v in st.init.items() if k != "lineage"},
+        "lineage": st.init.get("lineage", []),
         "seed": cfg.seed,
         "device": str(dev),
         "wall_s": round(time.time() - t_start + float((data_info or {}).get("regeneration_s", 0.0)), 1),
@@ -439,6 +443,8 @@ def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], o
         "environment": environment_fingerprint(dev),
     }
     _atomic_write_text(out_dir / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    if st.heldout_curve:
+        plot_lineage(manifest, out_dir / CURVE_PNG, str(out_dir))
     _log(f"wrote {out_dir} ({(out_dir / 'model.safetensors').stat().st_size / 1e6:.1f} MB) after {st.step} steps "
          f"({stop_reason})")
     head.eval()

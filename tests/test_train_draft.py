@@ -397,3 +397,39 @@ def test_heldout_curve_is_recorded_and_continues_on_resume(distilled, tmp_path):
     curve = man["heldout"]["curve"]
     assert [p["step"] for p in curve] == [0, 5, 7, 10, 12] and len(curve[0]["acc"]) == 4
     assert curve[-1]["loss"] < curve[0]["loss"]
+
+
+def test_lineage_chains_the_heldout_curves_of_warm_started_runs(distilled, tmp_path, capsys):
+    """Three runs, each warm-started from the last head (--init-from): the third head's manifest
+    carries both earlier runs' held-out curves, chained on cumulative training time, and the
+    head-report command prints the lineage and writes the plot (also written next to each head)."""
+    from pipeline.head_lineage import CURVE_PNG, chained_curve, run_head_report
+
+    model, seqs = distilled
+    kw = dict(steps=4, eval_every=2)
+    parent = None
+    for name in ("a", "b", "c"):
+        man = train_head(_cfg(init_from=parent, **kw), model, seqs[:12], tmp_path / name, tmp_path / f"w{name}",
+                         progress_bar=False, heldout=seqs[12:])
+        parent = str(tmp_path / name)
+    assert [e["head"] for e in man["lineage"]] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert "lineage" not in man["init"] and man["init"]["from"] == str(tmp_path / "b")
+    assert man["lineage"][0]["heldout"]["curve"][-1]["step"] == 4
+    saved = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert saved["lineage"] == man["lineage"]
+    pts = chained_curve(saved)
+    # run a: steps 0, 2, 4; runs b, c: 2, 4 (their step 0 repeats the parent's end)
+    assert [(p["run"], p["step"]) for p in pts] == [(0, 0), (0, 2), (0, 4), (1, 2), (1, 4), (2, 2), (2, 4)]
+    minutes = [p["minutes"] for p in pts]
+    assert minutes == sorted(minutes) and minutes[-1] > minutes[2]
+    b = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert saved["lineage"][1]["heldout"]["curve"] == [{k: p[k] for k in ("step", "train_s", "acc")}
+                                                        for p in b["heldout"]["curve"]]
+    assert saved["lineage"][1]["train_s"] == b["training"]["train_s"] > 0
+    assert (tmp_path / "c" / CURVE_PNG).stat().st_size > 1000
+    import argparse
+    out = tmp_path / "curve.png"
+    assert run_head_report(argparse.Namespace(head=str(tmp_path / "c"), out=str(out))) == 0
+    printed = capsys.readouterr().out
+    rows = [ln for ln in printed.splitlines() if ln.strip()[:1].isdigit()]
+    assert out.is_file() and [ln.split()[0] for ln in rows] == ["0", "1", "2"]
