@@ -30,9 +30,12 @@ def _read_manifest(head_dir: str | Path) -> dict | None:
     if not p.is_file():
         return None
     try:
-        return json.loads(p.read_text())
+        m = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DraftGymError(f"{p}: not a readable manifest ({e})") from None
+    if not isinstance(m, dict):
+        raise DraftGymError(f"{p}: not a head manifest (a JSON {type(m).__name__}, not an object)")
+    return m
 
 
 def lineage_entry(manifest: dict, head: str) -> dict:
@@ -56,11 +59,16 @@ def lineage_of(init_dir: str | Path, name: str | None = None) -> list[dict]:
     return list(m.get("lineage", [])) + [lineage_entry(m, name or str(init_dir))]
 
 
+def runs_of(manifest: dict, head: str) -> list[dict]:
+    """Every run behind a head, oldest first: its lineage, then the head's own run."""
+    return list(manifest.get("lineage", [])) + [lineage_entry(manifest, head)]
+
+
 def chained_curve(manifest: dict, head: str = "this head") -> list[dict]:
     """Held-out points of every run with the head's held-out set, on cumulative training time.
     Returns [{"run", "head", "minutes", "step" (within its run), "acc"}], oldest first; a run's step-0
     point repeats its parent's last one and is dropped after the first run."""
-    runs = list(manifest.get("lineage", [])) + [lineage_entry(manifest, head)]
+    runs = runs_of(manifest, head)
     own = runs[-1]["heldout"]["data_hash"]
     out, offset_s = [], 0.0
     for r, run in enumerate(runs):
@@ -110,15 +118,21 @@ def run_head_report(args: argparse.Namespace) -> int:
     m = _read_manifest(d)
     if m is None:
         raise DraftGymError(f"{d}: no manifest.json (a head trained by draftgym train-draft has one)")
-    runs = list(m.get("lineage", [])) + [lineage_entry(m, str(args.head))]
-    print(f"{'run':>3}  {'head':40s} {'steps':>6} {'train min':>9} {'sequences':>9}  held-out step-0 acc")
-    for r, run in enumerate(runs):
-        c = run["heldout"]["curve"]
-        acc = f"{c[0]['acc'][0]:.3f} -> {c[-1]['acc'][0]:.3f}" if c else "-"
-        print(f"{r:>3}  {run['head'][-40:]:40s} {run['steps'] or 0:>6} {float(run['train_s'] or 0) / 60:>9.1f} "
-              f"{run['data']['sequences'] or 0:>9}  {acc}")
     out = Path(args.out) if args.out else d / CURVE_PNG
-    print(f"plot: {plot_lineage(m, out, str(args.head))}")
+    try:
+        runs = runs_of(m, str(args.head))
+        rows = []
+        for r, run in enumerate(runs):
+            c = run["heldout"]["curve"]
+            acc = f"{c[0]['acc'][0]:.3f} -> {c[-1]['acc'][0]:.3f}" if c else "-"
+            rows.append(f"{r:>3}  {run['head'][-40:]:40s} {run['steps'] or 0:>6} {float(run['train_s'] or 0) / 60:>9.1f} "
+                        f"{run['data']['sequences'] or 0:>9}  {acc}")
+        png = plot_lineage(m, out, str(args.head))
+    except (KeyError, IndexError, TypeError, AttributeError) as e:
+        raise DraftGymError(f"{d / 'manifest.json'}: not a head manifest ({type(e).__name__}: {e})") from None
+    print(f"{'run':>3}  {'head':40s} {'steps':>6} {'train min':>9} {'sequences':>9}  held-out step-0 acc")
+    print("\n".join(rows))
+    print(f"plot: {png}")
     return 0
 
 

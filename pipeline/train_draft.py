@@ -72,7 +72,7 @@ from pipeline.distill_data import (DATASET_SCHEMA_VERSION, TrainSequence, alloca
                                    freeze_sequences, load_frozen, parse_dataset_spec, regenerate, select_prompts,
                                    select_reference_sequences)
 from pipeline.errors import DraftGymError
-from pipeline.head import num_params, save_head
+from pipeline.head import num_params, resolve_head_dir, save_head
 from pipeline.head_lineage import CURVE_PNG, lineage_of, plot_lineage
 from pipeline.train_config import (INITS, MANIFEST_VERSION, TrainConfig, _atomic_torch_save,  # noqa: F401
                                    _atomic_write_text, _hash, _log, _slug, lr_at, parse_curriculum, resolve_amp,
@@ -263,7 +263,8 @@ def train_head(cfg: TrainConfig, target_model, sequences: list[TrainSequence], o
     if cfg.init_from and st.step == 0:
         # the parent's history travels with the head (pipeline/head_lineage.py): kept in the
         # checkpointed state, so a resumed run still has it when the parent directory is gone
-        st.init = {"init": "from", "from": str(cfg.init_from), "lineage": lineage_of(cfg.init_from)}
+        st.init = {"init": "from", "from": str(cfg.init_from),
+                   "lineage": lineage_of(resolve_head_dir(cfg.init_from), str(cfg.init_from))}
     elif st.step == 0 and cfg.init != "random":   # a fresh head: temper its logits on the first batch
         b0 = make_batches(lengths, train_idx, cfg, 0)[0]
         ids, lens, pl, T = _pad_batch(sequences, b0, dev)
@@ -485,7 +486,6 @@ def run_train_draft(cfg: TrainConfig, progress_bar: bool = True) -> dict:
     t0 = time.time()
     # inputs first: a wrong --init-from or --data fails in one line before any model loads or answer is generated
     if cfg.init_from:
-        from pipeline.head import resolve_head_dir
         resolve_head_dir(cfg.init_from)
     frozen_data = load_frozen(cfg.data) if cfg.data else None
     target = load_target(cfg.model, device=cfg.device, dtype=cfg.dtype)

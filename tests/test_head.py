@@ -152,10 +152,15 @@ def test_config_from_official_json_defaults():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gqa_attention_equals_repeated_keys_bit_for_bit(dtype):
-    """The head's grouped-query attention (query heads folded onto their kv head, no repeat) gives the
-    same bits as SDPA over repeat_interleave'd keys, for the masks the project uses: causal [q, K],
-    per-root [B, 1, q, K] with -inf holes; a per-head mask takes the repeat path and agrees too."""
+def test_gqa_attention_equals_repeated_keys(dtype):
+    """The head's grouped-query attention (query heads folded onto their kv head, no repeat) equals
+    SDPA over repeat_interleave'd keys, for the masks the project uses: causal [q, K], per-root
+    [B, 1, q, K] with -inf holes; a per-head mask takes the repeat path and agrees too.
+
+    Bit for bit where the CPU's SDPA kernel does not depend on the number of query rows (the Intel
+    Xeon of BENCHMARKS H-K, and bf16 everywhere seen); on an AMD EPYC (Zen 4) fp32 differs by 1 ulp in
+    ~5 % of entries, because folding makes rep*q rows instead of q. The bound is 4 ulps of the largest
+    output: a wrong kv-head mapping or mask moves outputs by O(1) (checked below), far above it."""
     import torch.nn.functional as F
     from pipeline.head_model import causal_mask, gqa_attention
 
@@ -170,7 +175,10 @@ def test_gqa_attention_equals_repeated_keys_bit_for_bit(dtype):
     for mask in (causal_mask(q, K - q, "cpu", dtype), holes, per_head):
         ref = F.scaled_dot_product_attention(qs, ks.repeat_interleave(rep, 1), vs.repeat_interleave(rep, 1),
                                              attn_mask=mask)
-        assert torch.equal(gqa_attention(qs, ks, vs, mask), ref)
+        out = gqa_attention(qs, ks, vs, mask)
+        torch.testing.assert_close(out, ref, rtol=0, atol=4 * torch.finfo(dtype).eps * ref.abs().max().item())
+    wrong = F.scaled_dot_product_attention(qs, ks.repeat(1, rep, 1, 1), vs.repeat(1, rep, 1, 1), attn_mask=holes)
+    assert (gqa_attention(qs, ks, vs, holes) - wrong).abs().max() > 0.1  # repeat (not interleave) is a bug the bound sees
 
 
 def test_kv_buffer_forward_equals_concatenated_past(tiny_llama):

@@ -433,3 +433,10 @@ def test_lineage_chains_the_heldout_curves_of_warm_started_runs(distilled, tmp_p
     printed = capsys.readouterr().out
     rows = [ln for ln in printed.splitlines() if ln.strip()[:1].isdigit()]
     assert out.is_file() and [ln.split()[0] for ln in rows] == ["0", "1", "2"]
+    # a manifest that is not a head's gives one line naming the file, and leaves the file as it was
+    from pipeline.errors import DraftGymError
+    for bad in ('{"heldout": {"curve": [{"step": 0}]}}', "[1, 2]", '{"lineage": '):
+        (tmp_path / "c" / "manifest.json").write_text(bad)
+        with pytest.raises(DraftGymError, match="manifest"):
+            run_head_report(argparse.Namespace(head=str(tmp_path / "c"), out=str(out)))
+        assert (tmp_path / "c" / "manifest.json").read_text() == bad
