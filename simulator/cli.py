@@ -65,6 +65,10 @@ def add_train(sub) -> None:
     p.add_argument("--obs", default="paper", choices=["paper", "rich"],
                    help="observations: paper (each seed's own) or rich (adds the best beam's entropy and the "
                         "acceptance history of the generation; simulator/observations_rich.py)")
+    p.add_argument("--objective", default="ratio", choices=["ratio", "rate"],
+                   help="cycle reward: ratio (the seeds' (L+1)/t_cycle per cycle) or rate ((L+1) - lambda t_cycle "
+                        "with lambda = grid-best's replay tokens/s on the training split: maximises the "
+                        "generation's tokens/s, not the mean cycle's; simulator/env_core.py)")
     p.add_argument("--verify-size", type=int, default=None,
                    help="V for RADAR and LTD's Iter0 depth phase (default 60; with --action-space wide, "
                         "the grid-best static V on the training split)")
@@ -94,6 +98,8 @@ def add_transfer(sub) -> None:
     p.add_argument("--action-space", default="wide", choices=["seeds", "wide"],
                    help="as `draftgym train` (default wide: a CPU's best trees are small)")
     p.add_argument("--obs", default="paper", choices=["paper", "rich"], help="observations, as `draftgym train`")
+    p.add_argument("--objective", default="ratio", choices=["ratio", "rate"],
+                   help="cycle reward, as `draftgym train` (rate: lambda is each profile's own grid-best)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_run_transfer)
 
@@ -101,7 +107,8 @@ def add_transfer(sub) -> None:
 def _run_transfer(args) -> int:
     from simulator.transfer import run_transfer_command
 
-    train_args = ["--seed", str(args.seed), "--action-space", args.action_space, "--obs", args.obs]
+    train_args = ["--seed", str(args.seed), "--action-space", args.action_space, "--obs", args.obs,
+                  "--objective", args.objective]
     for flag, v in (("--steps", args.steps), ("--n-envs", args.n_envs), ("--iters", args.iters),
                     ("--dtype", args.dtype), ("--latency", args.latency), ("--model", args.model)):
         if v is not None:

@@ -31,6 +31,11 @@ Modes (design.md "Action spaces"); `ReplayEnv(logs, latency, mode, **config)` bu
           with reward="expected" (T > 0 logs) L is replaced by E[L] under the logged
           acceptance-length distribution (RADAR's dataset), the transition stays exact.
 
+Rewards: EnvConfig.objective "ratio" is the seeds' per-cycle throughput, as above; "rate" replaces each
+cycle's (L+1)/t by (L+1) - rate_ref * t (Re-SpS: summed over the held cycles; RADAR: with the
+replayed t_cycle), which maximises the generation's tokens/s instead of the mean cycle's
+(simulator/env_core.py, OBJECTIVES).
+
 Observations: EnvConfig.obs_variant "paper" (each seed's own, simulator/observations.py) or "rich"
 (the same plus the best beam's entropy and the generation's acceptance history,
 simulator/observations_rich.py; episodes cut from mid-sequence first replay a short static burn-in
@@ -106,7 +111,7 @@ class DepthEnv(_ReplayCore):
                 V = np.asarray(self.size_policy(o), np.int64)
                 calls += 1
             out = self._finish_cycle(i, D[i], self.cfg.width, V, calls)
-            reward[i] = out["emitted"] / out["t"]
+            reward[i] = self.cycle_reward(out["emitted"], out["t"])
             term[i], trunc[i] = out["terminated"], out["truncated"]
             self.d[i] = 1
         go = np.flatnonzero(~finish & ~self.done)
@@ -174,7 +179,7 @@ class SizeEnv(_ReplayCore):
         if len(i):
             V = self.size_values[a[i]]
             out = self._finish_cycle(i, self.D[i], self.cfg.width, V, self.depth_calls[i] + 1)
-            reward[i] = out["emitted"] / out["t"]
+            reward[i] = self.cycle_reward(out["emitted"], out["t"])
             term[i], trunc[i] = out["terminated"], out["truncated"]
             self._start_cycle(i)
         self._end_episodes(np.arange(self.n), reward, term, trunc)
@@ -227,7 +232,7 @@ class ShapeEnv(_ReplayCore):
                 break
             v_eff = np.minimum(V[i], 1 + W[i] + (D[i] - 1) * W[i] * W[i])
             out = self._finish_cycle(i, D[i], W[i], V[i], 1 if k == 0 else 0)
-            tput[i] += out["emitted"] / out["t"]
+            tput[i] += self.cycle_reward(out["emitted"], out["t"])
             count[i] += 1
             for key, val in (("D", D[i]), ("W", W[i]), ("V", v_eff), ("L", out["L"]), ("emitted", out["emitted"])):
                 self.last[key][i] = val
@@ -240,7 +245,10 @@ class ShapeEnv(_ReplayCore):
             end = out["terminated"] | out["truncated"]
             term[i], trunc[i] = out["terminated"], out["truncated"]
             live[i[end]] = False
-        reward = np.where(count > 0, tput / np.maximum(count, 1), 0.0)
+        if self.cfg.objective == "rate":                        # sum of the held cycles' (L+1) - lambda t
+            reward = tput
+        else:
+            reward = np.where(count > 0, tput / np.maximum(count, 1), 0.0)
         self._end_episodes(np.arange(self.n), reward, term, trunc)
         return self.observe(), reward, term, trunc, {"held_cycles": count}
 
@@ -290,8 +298,11 @@ class RadarEnv(_ReplayCore):
             else:
                 L = out["L"]
             num = L + 1 if self.cfg.radar_count_bonus else L
-            tgen = self.lat.radar_tgen(D[i], out["ctx"], self.cfg.width, self.cfg.verify_size, self.tmax)
-            reward[i] += num / tgen
+            if self.cfg.objective == "rate":                     # (L+1) - lambda t_cycle (the replayed cycle time)
+                reward[i] += num - self.cfg.rate_ref * out["t"]
+            else:
+                tgen = self.lat.radar_tgen(D[i], out["ctx"], self.cfg.width, self.cfg.verify_size, self.tmax)
+                reward[i] += num / tgen
             term[i], trunc[i] = out["terminated"], out["truncated"]
             self.d[i] = 1
             new_cycle[i] = True

@@ -42,7 +42,23 @@ class EnvConfig:
     obs_variant: str = "paper"          # paper (the seeds' observations) | rich (observations_rich)
     history_burn_in: int = 8            # rich, episodes from a random position: cycles of BURN_IN_SHAPE
                                         # replayed first, so the acceptance history is not always empty
+    objective: str = "ratio"            # ratio: the seeds' per-cycle throughput (L+1)/t_cycle
+                                        # rate: (L+1) - rate_ref * t_cycle (see OBJECTIVES below)
+    rate_ref: float = 0.0               # rate: tokens/s to beat (the trainers pass grid-best's replay tokens/s)
     seed: int = 0
+
+
+# Cycle rewards (EnvConfig.objective). What decoding maximises is the generation's rate
+#     R = sum_cycles (L+1) / sum_cycles t_cycle.
+# "ratio" (the seeds') scores each cycle by its own (L+1)/t_cycle, so a policy that maximises the
+# per-cycle mean prefers, in a good state, the cycle with the higher ratio even when a deeper one
+# would add tokens faster than the generation's average rate: it under-drafts exactly where
+# drafting pays. "rate" is Dinkelbach's form: with lambda = rate_ref,
+#     r = (L+1) - lambda t_cycle,      sum r = sum (L+1) - lambda sum t  >  0  <=>  R > lambda,
+# and maximising E[r | state] per state is the renewal-reward optimum at lambda = R* (for lambda
+# below R*, its maximiser still beats lambda). Taking lambda = grid-best's rate asks the policy for
+# every cycle that beats the best static tree's rate.
+OBJECTIVES = ("ratio", "rate")
 
 
 # "wide" action space (ACTION_SPACES): the seeds' sets were tuned for GPUs, where a 60-token verify
@@ -101,6 +117,10 @@ class _ReplayCore:
         self.finished: list[dict] = []           # stats of finished episodes (drained by trainers)
         self.rng = np.random.default_rng(cfg.seed)
         self.rich = rich.check_variant(cfg.obs_variant) == "rich"
+        if cfg.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {cfg.objective!r} ({' | '.join(OBJECTIVES)})")
+        if cfg.objective == "rate" and not cfg.rate_ref > 0:
+            raise ValueError("objective 'rate' needs rate_ref > 0 (tokens/s, e.g. grid-best's)")
         self.hist = rich.AcceptanceHistory(self.n)      # updated when a cycle finishes (rich only)
 
     _uses_fixed_verify = True
@@ -179,6 +199,12 @@ class _ReplayCore:
         trunc = ~term & (False if self.cfg.episode_cycles is None else self.cycles[idx] >= self.cfg.episode_cycles)
         return {"L": L, "emitted": emitted, "t": t["t_cycle"], "D": D, "rows": rows, "ctx": ctx,
                 "terminated": term, "truncated": trunc}
+
+    def cycle_reward(self, emitted, t) -> np.ndarray:
+        """One cycle's reward (OBJECTIVES): emitted / t ("ratio") or emitted - rate_ref * t ("rate")."""
+        if self.cfg.objective == "rate":
+            return emitted - self.cfg.rate_ref * t
+        return emitted / t
 
     def _end_episodes(self, idx, reward, terminated, truncated) -> None:
         """Record finished episodes, autoreset (or freeze) them."""

@@ -103,3 +103,12 @@ def _default(o):
     if hasattr(o, "tolist"):
         return o.tolist()
     return str(o)
+
+
+def resolve_rate_ref(args, data: "TrainData") -> float:
+    """lambda for --objective rate (simulator/env_core.py, OBJECTIVES): grid-best's replay tokens/s on
+    the training split under this latency model, i.e. the rate the policy has to beat. 0 for ratio."""
+    if getattr(args, "objective", "ratio") != "rate":
+        return 0.0
+    from simulator.baselines import grid_search
+    return float(grid_search(data.train, data.latency)["by_dataset"]["all"]["tokens_per_s"])

@@ -34,7 +34,7 @@ from simulator.checkpoint import save_policy
 from simulator.policy_ltd import LTDPolicy
 from simulator.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
 from simulator.train_common import (TrainData, finish, greedy, load_training_data, logs_info, reference_speeds,
-                                    replay_tokens_per_s, resolve_verify_size)
+                                    replay_tokens_per_s, resolve_rate_ref, resolve_verify_size)
 
 
 @dataclass
@@ -48,6 +48,8 @@ class LTDConfig:
     iters: tuple[int, ...] = (0, 1, 2, 3)
     seed: int = 0
     obs_variant: str = "paper"              # paper (LTD's observations) | rich (observations_rich)
+    objective: str = "ratio"                # ratio: LTD's (L+1)/t_cycle | rate: (L+1) - rate_ref t (env_core)
+    rate_ref: float = 0.0                   # rate: tokens/s to beat (grid-best's on train, resolve_rate_ref)
     size_values: tuple[int, ...] = obs.SIZE_ACTIONS   # size actions (observations.size_actions; "wide" on CPUs)
     depth_ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
         gamma=0.999, actor_hidden=(1024,), critic_hidden=(1024, 256), boundary="cycle"))
@@ -84,6 +86,7 @@ def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
     def run_depth(tag, size_actor):
         env = ReplayEnv(data.train, lat, "depth", n_envs=cfg.depth_ppo.n_envs, width=W, max_depth=cfg.max_depth,
                         verify_size=cfg.verify_size, seed=cfg.seed, obs_variant=cfg.obs_variant,
+                        objective=cfg.objective, rate_ref=cfg.rate_ref,
                         size_policy=None if size_actor is None else _size_values_fn(size_actor, cfg.size_values))
         pc = replace(cfg.depth_ppo, total_steps=cfg.depth_steps, seed=cfg.seed)
         r = ppo_train(env, pc, depth["actor"], depth["critic"],
@@ -95,7 +98,8 @@ def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
 
     def run_size(tag, depth_actor):
         env = ReplayEnv(data.train, lat, "size", n_envs=cfg.size_ppo.n_envs, width=W, max_depth=cfg.max_depth,
-                        seed=cfg.seed + 1, obs_variant=cfg.obs_variant, depth_policy=None if depth_actor is None else _continue_fn(depth_actor),
+                        seed=cfg.seed + 1, obs_variant=cfg.obs_variant, objective=cfg.objective,
+                        rate_ref=cfg.rate_ref, depth_policy=None if depth_actor is None else _continue_fn(depth_actor),
                         size_values=cfg.size_values)
         pc = replace(cfg.size_ppo, total_steps=cfg.size_steps, seed=cfg.seed + 1)
         r = ppo_train(env, pc, size["actor"], size["critic"],
@@ -148,7 +152,8 @@ def config_from_args(args, data: TrainData) -> LTDConfig:
     space = getattr(args, "action_space", "seeds")
     if space != "seeds":
         cfg = replace(cfg, size_values=obs.size_actions(space, data.train.verify_grid))
-    return replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size))
+    return replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size),
+                   objective=getattr(args, "objective", "ratio"), rate_ref=resolve_rate_ref(args, data))
 
 
 def run_cli(args) -> int:

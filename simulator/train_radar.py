@@ -29,7 +29,7 @@ from simulator.nets import RadarNet
 from simulator.policy_radar import RadarPolicy
 from simulator.ppo import plot_history
 from simulator.train_common import TrainData, finish, load_training_data, logs_info, reference_speeds, \
-    replay_tokens_per_s, resolve_verify_size
+    replay_tokens_per_s, resolve_rate_ref, resolve_verify_size
 
 
 @dataclass
@@ -48,6 +48,8 @@ class RadarConfig:
     baseline: str = "none"             # none (RADAR) | mean
     eval_every: int = 250
     obs_variant: str = "paper"         # paper (RADAR's confidences) | rich (observations_rich)
+    objective: str = "ratio"           # ratio: (L+1)/T_gen at the stop | rate: (L+1) - rate_ref t_cycle (env_core)
+    rate_ref: float = 0.0              # rate: tokens/s to beat (grid-best's on train, resolve_rate_ref)
     seed: int = 0
 
 
@@ -60,7 +62,7 @@ def train_radar(data: TrainData, cfg: RadarConfig, progress: bool = True) -> dic
     env = ReplayEnv(data.train, lat, "radar", n_envs=cfg.batch, width=cfg.width, verify_size=cfg.verify_size,
                     radar_max_calls=cfg.max_calls, radar_alpha=cfg.alpha, radar_count_bonus=cfg.count_bonus,
                     radar_reward=cfg.reward, episode_cycles=1, autoreset=False, seed=cfg.seed,
-                    obs_variant=cfg.obs_variant)
+                    obs_variant=cfg.obs_variant, objective=cfg.objective, rate_ref=cfg.rate_ref)
     net = RadarNet(env.obs_dim, cfg.hidden, cfg.mlp_hidden, 2)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     rng = np.random.default_rng(cfg.seed)
@@ -121,7 +123,8 @@ def run_cli(args) -> int:
                               dtype=getattr(args, "dtype", None),
                               latency_dtype=getattr(args, "latency_dtype", None))
     cfg = RadarConfig(width=data.train.width, seed=args.seed, obs_variant=getattr(args, "obs", "paper"))
-    cfg = replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size))
+    cfg = replace(cfg, verify_size=resolve_verify_size(args, data, cfg.verify_size),
+                  objective=getattr(args, "objective", "ratio"), rate_ref=resolve_rate_ref(args, data))
     if args.steps:
         cfg = replace(cfg, steps=args.steps, eval_every=max(1, min(cfg.eval_every, args.steps // 4 or 1)))
     if args.n_envs:

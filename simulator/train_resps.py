@@ -24,7 +24,7 @@ from simulator.checkpoint import save_policy
 from simulator.policy_resps import ShapePolicy
 from simulator.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
 from simulator.train_common import TrainData, finish, load_training_data, logs_info, reference_speeds, \
-    replay_tokens_per_s
+    replay_tokens_per_s, resolve_rate_ref
 
 
 @dataclass
@@ -35,6 +35,8 @@ class ResSpSConfig:
     seed: int = 0
     action_space: str = "seeds"          # seeds | wide (env.resps_shapes)
     obs_variant: str = "paper"           # paper (probability features) | rich (observations_rich)
+    objective: str = "ratio"             # ratio: mean (L+1)/t over the held cycles | rate: sum (L+1) - rate_ref t
+    rate_ref: float = 0.0                # rate: tokens/s to beat (grid-best's on train, resolve_rate_ref)
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
         n_envs=64, n_steps=32, minibatch=32, epochs=4, clip=0.2, ent_coef=0.1, lr=3e-4, warmup_frac=0.0,
         gamma=0.0, actor_hidden=(128, 128), critic_hidden=(128, 128), boundary="step", eval_every=5))
@@ -44,7 +46,8 @@ def train_resps(data: TrainData, cfg: ResSpSConfig, progress: bool = True) -> di
     lat = data.latency
     shapes = resps_shapes(data.train, space=cfg.action_space)
     env = ReplayEnv(data.train, lat, "shape", n_envs=cfg.ppo.n_envs, hold_cycles=cfg.hold_train,
-                    shapes=tuple(map(tuple, shapes.tolist())), seed=cfg.seed, obs_variant=cfg.obs_variant)
+                    shapes=tuple(map(tuple, shapes.tolist())), seed=cfg.seed, obs_variant=cfg.obs_variant,
+                    objective=cfg.objective, rate_ref=cfg.rate_ref)
     pc = replace(cfg.ppo, total_steps=cfg.steps, seed=cfg.seed)
     pol = lambda a: ShapePolicy(a, shapes, hold=cfg.hold_infer, max_depth=data.train.max_depth,
                                 obs_variant=cfg.obs_variant)
@@ -62,7 +65,8 @@ def run_cli(args) -> int:
                               dtype=getattr(args, "dtype", None),
                               latency_dtype=getattr(args, "latency_dtype", None))
     cfg = ResSpSConfig(seed=args.seed, action_space=getattr(args, "action_space", "seeds"),
-                       obs_variant=getattr(args, "obs", "paper"))
+                       obs_variant=getattr(args, "obs", "paper"), objective=getattr(args, "objective", "ratio"),
+                       rate_ref=resolve_rate_ref(args, data))
     if args.steps:
         cfg = replace(cfg, steps=args.steps)
     if args.n_envs:

@@ -84,6 +84,45 @@ def test_size_and_radar_envs_hand(hand_root):
     assert r[0] == pytest.approx(-0.5 + 4 / tgen)
 
 
+def test_rate_objective_hand(hand_root):
+    """objective="rate": each cycle earns (L+1) - lambda t_cycle instead of (L+1)/t_cycle, in all four
+    envs (Re-SpS sums its held cycles, RADAR uses the replayed t_cycle), and it ranks actions by the
+    generation's rate: with lambda = 10 tokens/s, the deep cycle (4 tokens in 0.259 s) beats the
+    shallow one (2 tokens in 0.128 s) although its own ratio is lower (15.4 < 15.6 tokens/s)."""
+    logs = load_logs(hand_root, split="train")
+    lam = 10.0
+    env = ReplayEnv(logs, LAT, "depth", n_envs=1, autoreset=False, objective="rate", rate_ref=lam)
+    env.reset(seed=0)
+    for _ in range(6):
+        env.step(np.array([1]))
+    _, r_deep, *_ = env.step(np.array([1]))                    # D = 8 from p = 0: L = 3
+    t_deep = T_STATIC + 7 * 0.002
+    assert r_deep[0] == pytest.approx(4 - lam * t_deep)
+    env.reset(seed=0)
+    _, r_shallow, *_ = env.step(np.array([0]))                 # D = 1: L = 1
+    t_shallow = 0.01 + 0.111 + 0.005 + 0.002
+    assert r_shallow[0] == pytest.approx(2 - lam * t_shallow)
+    assert 4 / t_deep < 2 / t_shallow and r_deep[0] > r_shallow[0]       # ratio and rate disagree here
+    env = ReplayEnv(logs, LAT, "size", n_envs=1, autoreset=False, depth_policy=lambda o: np.ones(len(o), bool),
+                    size_values=[10, 60], objective="rate", rate_ref=lam)
+    env.reset(seed=0)
+    _, r, *_ = env.step(np.array([1]))
+    assert r[0] == pytest.approx(4 - lam * (T_STATIC + 8 * 0.002))
+    env = ReplayEnv(logs, LAT, "radar", n_envs=1, autoreset=False, objective="rate", rate_ref=lam)
+    env.reset(seed=0)
+    _, r, *_, info = env.step(np.array([0]))                   # stop after call 1: D = 1, V = 60 -> 11
+    assert info["cycle_end"][0] and r[0] == pytest.approx(2 - lam * t_shallow)
+    env = ReplayEnv(logs, LAT, "shape", n_envs=1, autoreset=False, hold_cycles=3, shapes=((60, 8, 10),),
+                    objective="rate", rate_ref=lam)
+    env.reset(seed=0)
+    _, r, *_ = env.step(np.array([0]))                         # A's three static cycles: 4 + 1 + 6 tokens
+    assert r[0] == pytest.approx(11 - lam * (3 * T_STATIC + 0.002))
+    with pytest.raises(ValueError, match="rate_ref"):
+        ReplayEnv(logs, LAT, "depth", n_envs=1, objective="rate")
+    with pytest.raises(ValueError, match="unknown objective"):
+        ReplayEnv(logs, LAT, "depth", n_envs=1, objective="tokens")
+
+
 def _random_mlp(i, o, hidden=(32,), seed=0):
     import torch
 

@@ -1,0 +1,61 @@
+"""Train a matrix of policies in the replay simulator, two at a time (one thread each), and pick each
+(method, obs, objective) group's best seed on val (issue I, BENCHMARKS L).
+
+    .venv/bin/python docs/adhoc/policy_sweep.py LOGS OUT METHODS OBS OBJECTIVES SEEDS [STEPS...]
+    e.g. ... data/logs/l-bf16 data/policies/l ltd,radar,resps paper,rich ratio,rate 0,1
+
+Each run is `draftgym train --action-space wide`; its val tokens/s is the best validated checkpoint's
+(training.json). Writes OUT/sweep.json (every run) and prints the selected checkpoints. Runs already
+in OUT (training.json present) are not retrained. STEPS: method=N overrides, e.g. ltd=300000."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def main(logs, out, methods, obs_list, objectives, seeds, *steps):
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    budget = dict(s.split("=") for s in steps)
+    jobs = [(m, o, j, int(s)) for m in methods.split(",") for o in obs_list.split(",")
+            for j in objectives.split(",") for s in seeds.split(",")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+    def run(job):
+        m, o, j, s = job
+        d = out / f"{m}-{o}-{j}-s{s}"
+        if not (d / "training.json").exists():
+            cmd = [".venv/bin/draftgym", "train", "--method", m, "--logs", logs, "--out", str(d), "--seed", str(s),
+                   "--action-space", "wide", "--obs", o, "--objective", j, "--no-progress", "--json"]
+            if m in budget:
+                cmd += ["--steps", budget[m]]
+            t0 = time.time()
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if r.returncode:
+                print(f"FAILED {d.name}: {r.stderr.strip().splitlines()[-1:]}", flush=True)
+                return None
+            print(f"{d.name}: {time.time() - t0:.0f} s", flush=True)
+        t = json.loads((d / "training.json").read_text())
+        return {"dir": str(d), "method": m, "obs": o, "objective": j, "seed": s, "val": t["val_tokens_per_s"],
+                "wall_s": t["wall_s"], "rate_ref": t["config"].get("rate_ref"), "reference": t["reference"]}
+
+    with ThreadPoolExecutor(2) as ex:
+        rows = [r for r in ex.map(run, jobs) if r]
+    best = {}
+    for r in rows:
+        k = (r["method"], r["obs"], r["objective"])
+        if k not in best or r["val"] > best[k]["val"]:
+            best[k] = r
+    (out / "sweep.json").write_text(json.dumps({"runs": rows, "selected": list(best.values())}, indent=2) + "\n")
+    for r in sorted(rows, key=lambda r: (r["method"], r["obs"], r["objective"], r["seed"])):
+        sel = "*" if best[(r["method"], r["obs"], r["objective"])] is r else " "
+        print(f"{sel} {Path(r['dir']).name:28s} val {r['val']:.2f} tok/s  ({r['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
