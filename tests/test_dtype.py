@@ -86,6 +86,25 @@ def test_default_cpu_dtype(monkeypatch):
         T.resolve_dtype(None, "cpu")
 
 
+def test_emulated_bf16_warns_once(monkeypatch):
+    import warnings
+
+    from pipeline import target as T
+
+    monkeypatch.setattr(T, "_WARNED_EMULATED", set())
+    monkeypatch.setattr(T, "cpu_has_bf16_units", lambda: False)
+    with pytest.warns(RuntimeWarning, match="without bf16 matrix units"):
+        assert T.resolve_dtype("bfloat16", "cpu") is torch.bfloat16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        T.resolve_dtype("bfloat16", "cpu")                            # once per process
+        T.resolve_dtype("float32", "cpu")                             # fp32 never warns
+        monkeypatch.setattr(T, "_WARNED_EMULATED", set())
+        monkeypatch.setattr(T, "cpu_has_bf16_units", lambda: True)
+        T.resolve_dtype("bfloat16", "cpu")                            # bf16 units: no warning
+        T.resolve_dtype("bfloat16", "cuda")
+
+
 @pytest.mark.parametrize("cmd", ["generate", "collect", "profile", "train-draft", "validate", "profile-policy"])
 def test_every_target_command_takes_dtype(cmd, capsys):
     from online.cli import main
