@@ -120,7 +120,8 @@ def test_bf16_replay_agrees_with_decoding_until_the_first_divergence():
     the first token where the decoding parts from the logged continuation accepts what the replay says.
     Not every one bit for bit: online drafts read features from the tree-verify forward, collection
     from one teacher-forced forward (design.md, float caveat); in bf16 that rounding can move a draft
-    score. Measured here: 399 of 401 cycles agreed (BENCHMARKS H3)."""
+    score. Measured: 399 of 401 cycles agreed over 48 tokens (BENCHMARKS H3); 61 of 62 over the 32
+    tokens used here, which keep this near a minute where bf16 is emulated (an AVX2-only CPU)."""
     from pipeline.collect import CollectConfig, collect_prompt
     from pipeline.controller import StaticController
     from pipeline.datasets import load_prompts
@@ -132,7 +133,7 @@ def test_bf16_replay_agrees_with_decoding_until_the_first_divergence():
     t = load_target("smollm2-135m", dtype="bfloat16")
     head = load_head_for("default", t.model)
     eng = Engine(t.model, head, t.eos_token_ids)
-    cfg = CollectConfig(max_new_tokens=48, widths=(10,), max_depth=8, dtype="bfloat16")
+    cfg = CollectConfig(max_new_tokens=32, widths=(10,), max_depth=8, dtype="bfloat16")
     grid = list(cfg.verify_grid)
     agree = total = parted = 0
     for r in load_prompts("mt-bench", split="test", n=2) + load_prompts("humaneval", split="test", n=2):
@@ -151,7 +152,7 @@ def test_bf16_replay_agrees_with_decoding_until_the_first_divergence():
                 total += 1
                 agree += int(acc[p, D - 1, grid.index(V)]) == c.accepted
                 p += c.emitted
-    assert total >= 60
+    assert total >= 50                        # 62 on an AVX2 EPYC at 32 tokens (4 of 8 decodings parted)
     assert agree >= 0.97 * total, (agree, total)
 
 

@@ -105,8 +105,8 @@ def test_smollm2_bf16_shipped_head(monkeypatch):
     prompts = [encode_prompt(t.tokenizer, list(r.messages)) for r in recs]
     ars = [eng.generate_ar(p, 64).output_ids for p in prompts]
 
-    def run():
-        return summarize_verdicts([classify(t.model, p, ar, eng.generate(p, 64, controller=StaticController(8, 10, 60)).output_ids)
+    def run(n=64):
+        return summarize_verdicts([classify(t.model, p, ar[:n], eng.generate(p, n, controller=StaticController(8, 10, 60)).output_ids)
                                    for p, ar in zip(prompts, ars)])
 
     real = run()
@@ -115,7 +115,7 @@ def test_smollm2_bf16_shipped_head(monkeypatch):
     for d in real["divergences"]:
         assert d["gap_ulps"] <= NEAR_TIE_ULPS[torch.bfloat16]
     monkeypatch.setattr(engine_mod, "accept_greedy", biased_accept)
-    biased = run()
+    biased = run(16)        # the biased rule parts from AR within 4-9 tokens on these prompts (AVX2 EPYC, bf16)
     assert biased["counts"]["mismatch"] >= 2, biased
 
 
