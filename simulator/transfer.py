@@ -47,13 +47,44 @@ def _slug(spec: str) -> str:
     return spec.replace("id:", "").replace("/", "_")
 
 
-def train_for_profiles(logs: str, method: str, specs: list[str], out: Path, train_args: list[str], train) -> dict:
-    """One policy per profile via `train(argv)` = `draftgym train` (same flags, only the profile differs)."""
+def _train_record(train_args: list[str]) -> dict:
+    """The `draftgym train` flags a finished policy must have been trained with to be reused."""
+    return {k: v for k, v in zip(train_args, train_args[1:]) if k in ("--seed", "--obs", "--objective",
+                                                                            "--action-space", "--steps", "--iters")}
+
+
+def finished_policy(d: Path, method: str, logs: str, profile_id: str, train_args: list[str]) -> bool:
+    """True when d holds a finished `draftgym train` run of this method on these logs against this
+    profile with the same training flags (its training.json and transfer.json's record say so), so a
+    re-run of `draftgym transfer` reuses it instead of training again (resumable, idempotent)."""
+    tj, rec = d / "training.json", d / "transfer_train.json"
+    if not (tj.is_file() and (d / "manifest.json").is_file() and rec.is_file()):
+        return False
+    try:
+        t, r = json.loads(tj.read_text()), json.loads(rec.read_text())
+    except (OSError, ValueError):
+        return False
+    return (t.get("method") == method and t.get("logs", {}).get("latency_profile") == profile_id
+            and Path(str(t.get("logs", {}).get("root"))).resolve() == Path(logs).resolve()
+            and r.get("flags") == _train_record(train_args))
+
+
+def train_for_profiles(logs: str, method: str, specs: list[str], out: Path, train_args: list[str], train,
+                       profile_ids: dict | None = None) -> dict:
+    """One policy per profile via `train(argv)` = `draftgym train` (same flags, only the profile differs).
+    A profile whose policy folder already holds a finished run with the same flags is not retrained."""
     dirs = {}
     for spec in specs:
         d = out / f"policy-{_slug(spec)}"
-        print(f"[transfer] training {method} against profile {spec} -> {d}", flush=True)
-        train(["--logs", logs, "--method", method, "--out", str(d), *_train_flags(spec), *train_args])
+        pid = (profile_ids or {}).get(spec)
+        if pid is not None and finished_policy(d, method, logs, pid, train_args):
+            print(f"[transfer] {d} is already trained against profile {pid} with these flags; reusing it "
+                  f"(delete it to retrain)", flush=True)
+        else:
+            print(f"[transfer] training {method} against profile {spec} -> {d}", flush=True)
+            train(["--logs", logs, "--method", method, "--out", str(d), *_train_flags(spec), *train_args])
+            (d / "transfer_train.json").write_text(json.dumps({"profile_id": pid, "flags": _train_record(train_args)},
+                                                              indent=2) + "\n")
         dirs[spec] = d
     return dirs
 
@@ -134,9 +165,9 @@ def run_transfer_command(args, train_args: list[str], train) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    for s in specs:                       # every profile exists before any training starts
-        _latency(args.latency or args.logs, args.model, s)
-    dirs = train_for_profiles(args.logs, args.method, specs, out, train_args, train)
+    ids = {s: _latency(args.latency or args.logs, args.model, s).meta.get("profile_id")
+           for s in specs}               # every profile exists before any training starts
+    dirs = train_for_profiles(args.logs, args.method, specs, out, train_args, train, ids)
     res = cross_table(args.logs, dirs, specs, args.latency, args.model, args.split, args.dtype)
     from pipeline.fingerprint import environment_fingerprint
     res.update(method=args.method, train_args=train_args, logs=args.logs, wall_s=time.perf_counter() - t0,

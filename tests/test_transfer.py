@@ -44,6 +44,16 @@ def test_transfer_2x2(two_profiles, tmp_path, capsys):
     assert cell["tokens_per_s"] == pytest.approx(v)
     best = simulate(B.StaticPolicy(*gb["id:synthetic-cpu"]), test, lat).summary()["tokens_per_s"]
     assert cell["vs_grid_best"] == pytest.approx(v / best)
+    # a re-run reuses both finished policies (resumable); other training flags retrain
+    stamp = (out / "policy-synthetic-gpu" / "training.json").stat().st_mtime_ns
+    args = ["transfer", "--logs", str(two_profiles), "--profiles", ",".join(specs), "--method", "ltd",
+            "--steps", "2048", "--iters", "0", "--n-envs", "32", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.count("reusing it") == 2
+    assert (out / "policy-synthetic-gpu" / "training.json").stat().st_mtime_ns == stamp
+    assert json.loads((out / "transfer.json").read_text())["cells"] == res["cells"]
+    assert main(args[:-1] + ["--seed", "1", "--no-progress"]) == 0
+    assert capsys.readouterr().out.count("reusing it") == 0
 
 
 def test_transfer_refuses_bad_profiles(two_profiles, tmp_path, capsys):
