@@ -59,6 +59,8 @@ class ValidateConfig:
     out: str = "data/reports/validate"
     device: str | None = None
     dtype: str | None = None             # compute dtype (default: bf16 on a GPU, pipeline.target.default_cpu_dtype on a CPU)
+    logs_dtype: str | None = None        # the acceptance logs' dtype, when not the decoding's (transfer: logs of one
+                                         # setting, the profile and decoding of another); None: the decoding's
     profile_first: bool = False          # profile this device in situ right before decoding (see profile_first)
     profile_verify_sizes: tuple = (1, 2, 4, 8, 16, 32, 60, 100, 240)
     profile_contexts: tuple = (32, 128, 512)
@@ -98,7 +100,10 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
 
     out = Path(cfg.out)
     t_start = time.perf_counter()
-    dtype = resolve_dtype_name(cfg.dtype, cfg.device)     # decoding, logs and profile must all be of this dtype
+    dtype = resolve_dtype_name(cfg.dtype, cfg.device)     # decoding and profile must be of this dtype
+    # the logs too, unless --logs-dtype says otherwise: acceptance moves little between dtypes (near-ties),
+    # the clock moves a lot, so logs of one dtype with a profile of another is the transfer setting
+    logs_dtype = resolve_dtype_name(cfg.logs_dtype, cfg.device) if cfg.logs_dtype else dtype
     # every prompt set first: a bad dataset or split fails before any model loads or profiling starts
     prompt_sets = {}
     for ds in cfg.datasets:
@@ -112,14 +117,14 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
         from simulator.logs import load_logs
 
         try:
-            logs = load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, widths="all", dtype=dtype)
+            logs = load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, widths="all", dtype=logs_dtype)
         except DataError as e:
             if cfg.temperature <= 0 or "temperature" not in str(e):
                 raise
             # T > 0 without logs at this T: grid-best still comes from the greedy logs (acceptance at
             # T > 0 is what the sampled rule gives, so this choice is an approximation), and there is
             # no sim-vs-real (the replay needs logs at the decoding temperature).
-            logs = load_logs(cfg.logs, model=cfg.model, temperature=0.0, widths="all", dtype=dtype)
+            logs = load_logs(cfg.logs, model=cfg.model, temperature=0.0, widths="all", dtype=logs_dtype)
             sim_note = (f"no logs at temperature {cfg.temperature:g} in {cfg.logs}: grid-best tuned on the T = 0 logs; "
                         f"no sim-vs-real (collect with --temperature {cfg.temperature:g} for it)")
     elif cfg.profile_first or cfg.profile_interleave:
@@ -130,7 +135,7 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     engine = Engine(target.model, head, target.eos_token_ids)
     dev = device_name(target.device, dtype)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    report = {"run_id": run_id, "config": asdict(cfg), "device": dev, "dtype": dtype,
+    report = {"run_id": run_id, "config": asdict(cfg), "device": dev, "dtype": dtype, "logs_dtype": logs_dtype if logs is not None else None,
               "environment": environment_fingerprint(target.device, dtype),
               "head_id": head.head_id, "datasets": {}, "command": " ".join(sys.argv)}
     labels = [policy_label(p) for p in cfg.policies]
@@ -349,6 +354,10 @@ def add_validate(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed base (seed + 1000 * run + prompt index)")
     p.add_argument("--logs", default="data/logs", help="logs for grid-best + sim-vs-real ('' to skip)")
     add_device_dtype(p)
+    p.add_argument("--logs-dtype", default=None, choices=("float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
+                   help="dtype of the --logs acceptance logs when it is not --dtype (hardware transfer: logs collected in "
+                        "one dtype replayed with this device's profile; sim-vs-real then shows what that costs) "
+                        "(default: --dtype)")
     p.add_argument("--out", default="data/reports/validate", help="report folder (report.md, report.json, PNGs, cycles Parquet)")
     p.add_argument("--profile-first", action="store_true",
                    help="profile this device in situ (and each checkpoint's controller cost) into OUT right before "
@@ -383,7 +392,8 @@ def _run_validate_cli(args) -> int:
     cfg = ValidateConfig(model=args.model, head=args.head, policies=args.policy, datasets=args.dataset.split(","),
                          split=args.split, n_prompts=args.n_prompts, temperature=args.temperature, runs=args.runs,
                          max_new_tokens=args.max_new_tokens, seed=args.seed, logs=args.logs or None, out=args.out,
-                         device=args.device, dtype=args.dtype, profile_first=args.profile_first,
+                         device=args.device, dtype=args.dtype, logs_dtype=args.logs_dtype,
+                         profile_first=args.profile_first,
                          profile_verify_sizes=parse_positive_ints(args.profile_verify_sizes, "--profile-verify-sizes"),
                          profile_contexts=parse_positive_ints(args.profile_contexts, "--profile-contexts"),
                          profile_repeats=args.profile_repeats, profile_interleave=args.profile_interleave)

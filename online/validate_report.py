@@ -26,6 +26,9 @@ def write_markdown(rep: dict, out: Path) -> None:
                         f"{pf['wall_s']:.0f} s, the rest spread between the generations, --profile-interleave)"
                         if rep.get("profile_interleave") else
                         f" (taken right before decoding, --profile-first: {pf['wall_s']:.0f} s)" if pf else ""))
+    if rep.get("logs_dtype") and rep["logs_dtype"] != rep.get("dtype"):
+        lines.insert(-1, f"- acceptance logs in **{rep['logs_dtype']}**, decoding and profile in **{rep['dtype']}** "
+                         f"(--logs-dtype: the transfer setting; sim-vs-real's tau error is what reusing the logs costs)")
     header_len = len(lines)
     fig, axes = plt.subplots(1, len(rep["datasets"]), figsize=(5 * len(rep["datasets"]), 3.6), squeeze=False)
     for ax, (ds, e) in zip(axes[0], rep["datasets"].items()):

@@ -11,7 +11,7 @@ and report the 2 x 2 table  tokens/s(policy_P | Q) / tokens/s(grid-best_Q | Q), 
 the best static (D, W, V) on the val split under Q (the test split never picks anything), plus AR
 and the hindsight oracle under Q for scale. The diagonal is "each policy on its own setting"; the
 off-diagonal cells are the cross pairings. Online validation of the same pairings is
-`draftgym validate --policy <out>/policy-<P> --dtype <Q>` (docs/policies.md).
+`draftgym validate --policy <out>/policy-<P> --dtype <Q> --logs-dtype <the logs' dtype>` (docs/policies.md).
 
 Profile specs: float32 | bfloat16 | float16 (a dtype: that dtype's newest profile under the latency
 root) or id:<profile_id> (any profile, e.g. one copied from another machine's logs/latency/).

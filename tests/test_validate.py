@@ -161,3 +161,19 @@ def test_validate_profile_interleave(tmp_path, tiny_model_dir, tiny_logs, radar_
     # the checkpoint's call cost, timed before decoding, is carried over to the pooled profile
     from simulator.checkpoint import latency_key
     assert pooled.policy_costs[latency_key(radar_ckpt)] == pytest.approx(first.policy_costs[latency_key(radar_ckpt)])
+
+
+def test_validate_logs_of_another_dtype(tmp_path, tiny_model_dir, tiny_logs, capsys):
+    """Transfer online: fp32 acceptance logs, bf16 decoding with its own fresh profile (--logs-dtype)."""
+    base = ["validate", "--model", str(tiny_model_dir), "--head", "random", "--policy", "ddd", "--dataset", "mt-bench",
+            "--n-prompts", "1", "--runs", "1", "--max-new-tokens", "8", "--logs", str(tiny_logs), "--dtype", "bfloat16"]
+    assert cli(base + ["--out", str(tmp_path / "refused")]) == 2
+    assert "no bfloat16 logs" in capsys.readouterr().err
+    out = tmp_path / "xfer"
+    assert cli(base + ["--logs-dtype", "float32", "--profile-first", "--profile-verify-sizes", "1,8",
+                       "--profile-contexts", "32", "--profile-repeats", "1", "--out", str(out), "--json"]) in (0, 1)
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rep["dtype"] == "bfloat16" and rep["logs_dtype"] == "float32" and "bfloat16" in rep["device"]
+    e = rep["datasets"]["mt-bench"]
+    assert len(e["grid_best"]) == 3 and set(e["sim_vs_real"]["methods"]) == {"static", "grid-best", "ddd"}
+    assert "acceptance logs in **float32**" in (out / "report.md").read_text()
