@@ -133,13 +133,15 @@ def ltd_depth_obs(candidate_scores, depth, context_len, width: int, presorted: b
     return out
 
 
-def ltd_depth_obs_one(candidate_scores, depth: int, context_len: int, width: int) -> np.ndarray:
+def ltd_depth_obs_one(candidate_scores, depth: int, context_len: int, width: int,
+                      out: np.ndarray | None = None) -> np.ndarray:
     """Batch-1 `ltd_depth_obs` for the online controller: the same vector, bit for bit (tests check
     it), built with a handful of numpy calls instead of ~20. Each numpy call costs ~5-10 us when it
     runs cold between two verify forwards, and LTD decides after every draft forward.
-    candidate_scores: [k] the latest expansion's scores (k = W or W*W, NaN allowed). -> [W*W + 2]."""
+    candidate_scores: [k] the latest expansion's scores (k = W or W*W, NaN allowed). -> [W*W + 2]
+    (written into `out` when given: the rich variant's longer buffer, its first W*W + 2 entries)."""
     k = width * width
-    out = np.empty(k + 2, np.float32)
+    out = np.empty(k + 2, np.float32) if out is None else out
     _sort_desc_into(candidate_scores, out[:k])
     out[k] = depth
     out[k + 1] = np.float32(context_len) / CTX_SCALE  # float32 / weak scalar, as the batched path

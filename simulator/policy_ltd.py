@@ -37,6 +37,7 @@ class LTDPolicy(Policy):
         self.uses_size_hook = size_net is not None
         self.rng = np.random.default_rng(0)
         self._np_depth = self._np_size = None      # NumpyMLP copies, built on the first batch-1 call
+        self._rich_buf = None                       # continue_one's rich observation, filled in place
         self._set_obs_variant(obs_variant, ("candidate_scores", "entropy"))
 
     def reset(self, n_envs, seed=0):
@@ -69,10 +70,17 @@ class LTDPolicy(Policy):
         return (self.max_depth if self.uses_depth_hook else self.fixed_depth), self.width, self.verify
 
     def continue_one(self, step) -> bool:
-        o = obs.ltd_depth_obs_one(obs.to_numpy(step.candidate_scores), step.depth, step.context_len,
-                                  self.width)                                               # [W*W + 2]
-        if self.rich:                                                                       # [W*W + 7]
-            o = rich.with_extra(o, rich.ltd_depth_extra(rich.entropy_feature(step.entropy), self.hist.features(0)))
+        k = self.width * self.width
+        if self.rich:        # [W*W + 7] = [paper(W*W + 2), H_d / scale, history(4)], filled in place
+            if self._rich_buf is None:
+                self._rich_buf = np.empty(k + 2 + rich.EXTRA_DIM["ltd_depth"], np.float32)
+            o = self._rich_buf
+            obs.ltd_depth_obs_one(obs.to_numpy(step.candidate_scores), step.depth, step.context_len, self.width,
+                                  out=o[:k + 2])
+            o[k + 2] = rich.entropy_feature_one(step.entropy)
+            o[k + 3:] = self.hist.features_one()
+        else:                                                                               # [W*W + 2]
+            o = obs.ltd_depth_obs_one(obs.to_numpy(step.candidate_scores), step.depth, step.context_len, self.width)
         self._np_depth = NumpyMLP.fresh(self._np_depth, self.depth_net)
         return bool(choose_action(self._np_depth(o)[None], self.sample, self.rng)[0] == CONTINUE)
 
@@ -80,7 +88,7 @@ class LTDPolicy(Policy):
         """verify_size for one generation: pool_scores [W + (D-1) W^2], one DraftPool row."""
         live, tail = obs.ltd_size_obs_parts(pool_scores, self.width, depth, context_len, self.max_depth)
         if self.rich:                   # the history follows [depth, context] at the end of the vector
-            tail = rich.with_extra(tail, self.hist.features(0))
+            tail = np.concatenate([tail, self.hist.features_one()])
         logits = self._size_mlp().call_parts(live, tail)
         return int(self.size_values[choose_action(logits[None], self.sample, self.rng)[0]])
 

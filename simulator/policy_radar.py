@@ -55,8 +55,8 @@ class RadarPolicy(Policy):
     def continue_one(self, step) -> bool:
         x = obs.radar_obs_one(obs.to_numpy(step.beam_scores), self.width)    # [W]
         if self.rich:                                                        # [W + 6]
-            x = rich.with_extra(x, rich.radar_extra(rich.entropy_feature(step.entropy), step.context_len,
-                                                    self.hist.features(0)))
+            x = rich.with_extra(x, rich.radar_extra(rich.entropy_feature_one(step.entropy), step.context_len,
+                                                    self.hist.features_one()))
         self._np = NumpyRadar.fresh(self._np, self.net)
         logits, self.h[0], self.c[0] = self._np(x, self.h[0], self.c[0])
         return bool(choose_action(logits[None], self.sample, self.rng)[0] == CONTINUE)

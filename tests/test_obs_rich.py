@@ -38,6 +38,32 @@ def test_history_by_hand():
     assert h.features(1) == pytest.approx([1.0, 0.5, 0.1, 0.2 / 12])
 
 
+def test_batch1_helpers_equal_batched():
+    """The online controller's batch-1 helpers give the batched builders' numbers bit for bit: the
+    cached history row follows every update and reset, the scalar entropy read matches the
+    whole-tensor path (fp32, bf16 tensors, NaN = not logged)."""
+    h = rich.AcceptanceHistory(1)
+    assert h.features_one().tolist() == h.features(0).tolist() == [0, 0, 0, 0]
+    h.update(0, 3, 7)
+    assert h.features_one().tolist() == h.features(0).tolist() and h.features_one()[1] > 0
+    h.update_from_plan(np.array([0]), np.array([4]), np.array([True]), np.array([1]), np.array([6]))
+    assert h.features_one().tolist() == h.features(0).tolist()
+    h.reset(0)
+    assert h.features_one().tolist() == [0, 0, 0, 0]
+    # update_from_context (the engine's CycleContext) == update_from_plan, bit for bit
+    from types import SimpleNamespace as NS
+    g = rich.AcceptanceHistory(1)
+    for cycle, (L, D) in enumerate([(0, 0), (3, 7), (1, 1), (0, 5), (12, 12), (2, 9)]):
+        last = None if cycle == 0 else NS(accepted=L, depth=D)
+        g.update_from_context(NS(cycle=cycle, last=last))
+        h.update_from_plan(np.array([0]), np.array([cycle]), np.array([last is not None]), np.array([L]), np.array([D]))
+        assert g.features_one().tobytes() == h.features(0).tobytes()
+    for e in (torch.tensor([2.3456789, 1.0, 0.5]), torch.tensor([2.3456789, 1.0]).bfloat16(),
+              torch.tensor([float("nan"), 1.0]), np.array([7.123, 1.0], np.float32)):
+        one, batched = rich.entropy_feature_one(e), rich.entropy_feature(e)
+        assert isinstance(one, np.float32) and one.tobytes() == np.float32(batched).tobytes()
+
+
 def test_obs_dims_and_unknown_variant():
     assert rich.obs_dim("ltd_depth", "paper", W) == W * W + 2
     assert rich.obs_dim("ltd_depth", "rich", W) == W * W + 7

@@ -2,7 +2,8 @@
 cycle, then per-function wall time (observation builders, the numpy nets, the controller hooks),
 over one 64-token greedy generation. Functions this checkout lacks are skipped, so the same script
 times older commits too (BENCHMARKS.md G1's "before" row ran on f6fe4ac).
-Run: .venv/bin/python docs/adhoc/controller_breakdown.py data/policies/ltd-wide2"""
+Run: .venv/bin/python docs/adhoc/controller_breakdown.py data/policies/ltd-wide2 [DTYPE]
+(DTYPE: float32 by default; bfloat16 times the hooks on the bf16 engine's tensors, section N3)"""
 import sys
 import time
 
@@ -14,7 +15,7 @@ from pipeline.generate import load_head_for
 from pipeline.target import encode_prompt, load_target
 
 torch.set_num_threads(2)
-t = load_target("smollm2-135m")
+t = load_target("smollm2-135m", dtype=sys.argv[2] if len(sys.argv) > 2 else "float32")
 eng = Engine(t.model, load_head_for("default", t.model), t.eos_token_ids)
 ids = encode_prompt(t.tokenizer, "Explain how a hash map works, step by step.")
 try:                                     # the layout since simulator/policy.py was split by method
@@ -46,6 +47,13 @@ for name in ("to_numpy", "sort_desc", "ltd_depth_obs", "ltd_size_obs", "level_sc
              "ltd_depth_obs_one", "ltd_size_obs_parts", "radar_obs", "radar_obs_one"):
     if hasattr(obs, name):
         setattr(obs, name, timed(name, getattr(obs, name)))
+try:                                     # the rich observation variant's extra features (section L)
+    import simulator.observations_rich as rich
+    for name in ("entropy_feature", "ltd_depth_extra", "radar_extra", "with_extra"):
+        setattr(rich, name, timed("rich." + name, getattr(rich, name)))
+    rich.AcceptanceHistory.features = timed("AcceptanceHistory.features", rich.AcceptanceHistory.features)
+except ImportError:
+    pass
 for cls, meth in ((NumpyMLP, "__call__"), (NumpyMLP, "call_parts"), (NumpyRadar, "__call__")):
     if hasattr(cls, meth):
         setattr(cls, meth, timed(f"{cls.__name__}.{meth}", getattr(cls, meth)))
