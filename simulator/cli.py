@@ -84,6 +84,9 @@ def add_transfer(sub) -> None:
     p.add_argument("--model", default=None, help="model partition (default: the only one)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="the logs' compute dtype (default: the only one)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="the logs' temperature partition (default: the only one; a root holding T = 0 and T = 1 "
+                        "logs needs it)")
     p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
     p.add_argument("--profiles", required=True,
                    help="comma-separated profile specs: a dtype (float32 | bfloat16 | float16: its newest profile) "
@@ -110,7 +113,8 @@ def _run_transfer(args) -> int:
     train_args = ["--seed", str(args.seed), "--action-space", args.action_space, "--obs", args.obs,
                   "--objective", args.objective]
     for flag, v in (("--steps", args.steps), ("--n-envs", args.n_envs), ("--iters", args.iters),
-                    ("--dtype", args.dtype), ("--latency", args.latency), ("--model", args.model)):
+                    ("--dtype", args.dtype), ("--latency", args.latency), ("--model", args.model),
+                    ("--temperature", args.temperature)):
         if v is not None:
             train_args += [flag, str(v)]
     if args.no_progress:

@@ -50,7 +50,8 @@ def _slug(spec: str) -> str:
 def _train_record(train_args: list[str]) -> dict:
     """The `draftgym train` flags a finished policy must have been trained with to be reused."""
     return {k: v for k, v in zip(train_args, train_args[1:]) if k in ("--seed", "--obs", "--objective",
-                                                                            "--action-space", "--steps", "--iters")}
+                                                                            "--action-space", "--steps", "--iters",
+                                                                            "--temperature")}
 
 
 def finished_policy(d: Path, method: str, logs: str, profile_id: str, train_args: list[str]) -> bool:
@@ -90,14 +91,15 @@ def train_for_profiles(logs: str, method: str, specs: list[str], out: Path, trai
 
 
 def cross_table(logs_root: str, policy_dirs: dict, specs: list[str], latency_root: str | None = None,
-                model: str | None = None, split: str = "test", dtype: str | None = None) -> dict:
+                model: str | None = None, split: str = "test", dtype: str | None = None,
+                temperature: float | None = None) -> dict:
     """Replay each policy under each profile on `split`; grid-best picked on val under that profile."""
     from simulator import baselines as B
     from simulator.checkpoint import load_checkpoint
     from simulator.logs import load_logs
     from simulator.replay import autoregressive, simulate
 
-    logs = load_logs(logs_root, model=model, dtype=dtype)
+    logs = load_logs(logs_root, model=model, dtype=dtype, temperature=temperature)
     test, val = logs.select(split), logs.select("val")
     if test.n_sequences == 0:
         raise DraftGymError(f"no {split!r} sequences under {logs_root}")
@@ -168,7 +170,8 @@ def run_transfer_command(args, train_args: list[str], train) -> int:
     ids = {s: _latency(args.latency or args.logs, args.model, s).meta.get("profile_id")
            for s in specs}               # every profile exists before any training starts
     dirs = train_for_profiles(args.logs, args.method, specs, out, train_args, train, ids)
-    res = cross_table(args.logs, dirs, specs, args.latency, args.model, args.split, args.dtype)
+    res = cross_table(args.logs, dirs, specs, args.latency, args.model, args.split, args.dtype,
+                      getattr(args, "temperature", None))
     from pipeline.fingerprint import environment_fingerprint
     res.update(method=args.method, train_args=train_args, logs=args.logs, wall_s=time.perf_counter() - t0,
                date=time.strftime("%Y-%m-%d %H:%M:%S"), environment=environment_fingerprint("cpu"))

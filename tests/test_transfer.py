@@ -28,7 +28,8 @@ def test_transfer_2x2(two_profiles, tmp_path, capsys):
     out = tmp_path / "transfer"
     specs = ["id:synthetic-cpu", "id:synthetic-gpu"]
     assert main(["transfer", "--logs", str(two_profiles), "--profiles", ",".join(specs), "--method", "ltd",
-                 "--steps", "2048", "--iters", "0", "--n-envs", "32", "--out", str(out), "--no-progress"]) == 0
+                 "--steps", "2048", "--iters", "0", "--n-envs", "32", "--temperature", "0", "--out", str(out),
+                 "--no-progress"]) == 0
     printed = capsys.readouterr().out
     res = json.loads((out / "transfer.json").read_text())
     assert len(res["cells"]) == 4 and (out / "transfer.png").exists() and "trained on" in printed
@@ -47,7 +48,8 @@ def test_transfer_2x2(two_profiles, tmp_path, capsys):
     # a re-run reuses both finished policies (resumable); other training flags retrain
     stamp = (out / "policy-synthetic-gpu" / "training.json").stat().st_mtime_ns
     args = ["transfer", "--logs", str(two_profiles), "--profiles", ",".join(specs), "--method", "ltd",
-            "--steps", "2048", "--iters", "0", "--n-envs", "32", "--out", str(out), "--no-progress"]
+            "--steps", "2048", "--iters", "0", "--n-envs", "32", "--temperature", "0", "--out", str(out),
+            "--no-progress"]
     assert main(args) == 0
     assert capsys.readouterr().out.count("reusing it") == 2
     assert (out / "policy-synthetic-gpu" / "training.json").stat().st_mtime_ns == stamp

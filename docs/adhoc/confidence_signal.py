@@ -10,7 +10,7 @@ from simulator.latency import LatencyModel
 from simulator.replay import cycle_time
 
 root = sys.argv[1] if len(sys.argv) > 1 else "data/logs/main"
-logs = load_logs(root)
+logs = load_logs(root, temperature=0.0)     # greedy logs (a logs root may also hold T = 1 ones)
 lat = LatencyModel.from_logs(root, model=logs.model, dtype=logs.dtype)
 W = 10
 shapes = [(D, W, V) for D in (1, 2, 3, 4, 6, 8) for V in (2, 4, 8, 10, 20, 30, 40, 60) if V <= 1 + W + (D - 1) * W * W]

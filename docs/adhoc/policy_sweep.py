@@ -6,7 +6,8 @@
 
 Each run is `draftgym train --action-space wide`; its val tokens/s is the best validated checkpoint's
 (training.json). Writes OUT/sweep.json (every run) and prints the selected checkpoints. Runs already
-in OUT (training.json present) are not retrained. STEPS: method=N overrides, e.g. ltd=300000."""
+in OUT (training.json present) are not retrained. STEPS: method=N overrides, e.g. ltd=300000, and
+temperature=T (default 0: the greedy logs, which issue I validates; logs may also hold T = 1)."""
 from __future__ import annotations
 
 import json
@@ -22,6 +23,7 @@ def main(logs, out, methods, obs_list, objectives, seeds, *steps):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     budget = dict(s.split("=") for s in steps)
+    temperature = budget.pop("temperature", "0")
     jobs = [(m, o, j, int(s)) for m in methods.split(",") for o in obs_list.split(",")
             for j in objectives.split(",") for s in seeds.split(",")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -31,7 +33,8 @@ def main(logs, out, methods, obs_list, objectives, seeds, *steps):
         d = out / f"{m}-{o}-{j}-s{s}"
         if not (d / "training.json").exists():
             cmd = [".venv/bin/draftgym", "train", "--method", m, "--logs", logs, "--out", str(d), "--seed", str(s),
-                   "--action-space", "wide", "--obs", o, "--objective", j, "--no-progress", "--json"]
+                   "--action-space", "wide", "--obs", o, "--objective", j, "--no-progress", "--json",
+                   "--temperature", temperature]
             if m in budget:
                 cmd += ["--steps", budget[m]]
             t0 = time.time()
