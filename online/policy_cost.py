@@ -22,7 +22,7 @@ import time
 
 import pyarrow as pa
 
-from pipeline.cliargs import add_device_dtype, add_model_head
+from pipeline.cliargs import add_device_dtype, add_model_head, add_no_progress
 from pipeline.errors import DataError, DraftGymError
 from pipeline.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
 
@@ -136,12 +136,13 @@ def add_profile_policy(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens decoded per timing generation")
     add_device_dtype(p)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_no_progress(p)
     p.set_defaults(func=_cli)
 
 
 def _cli(args) -> int:
     r = run_profile_policy(args.policy, args.logs, model=args.model, head_spec=args.head, n_tokens=args.max_new_tokens,
-                           device=args.device, dtype=args.dtype)
+                           device=args.device, dtype=args.dtype, progress=not args.no_progress)
     if args.json:
         print(json.dumps(r))
     else:

@@ -34,7 +34,7 @@ import pyarrow as pa
 from online.controllers import make_controller, policy_label
 from online.speedbench import run_methods, summarize
 from online.validate_report import write_markdown
-from pipeline.cliargs import add_device_dtype, add_model_head, add_split, parse_positive_ints
+from pipeline.cliargs import add_device_dtype, add_model_head, add_no_progress, add_split, parse_positive_ints
 from pipeline.controller import StaticController
 from pipeline.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
@@ -371,6 +371,7 @@ def add_validate(sub) -> None:
                         "machine states as the decoding), rescaled per dataset by the speed its samples saw while "
                         "that dataset decoded")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    add_no_progress(p)
     p.set_defaults(func=_run_validate_cli)
 
 
@@ -397,7 +398,7 @@ def _run_validate_cli(args) -> int:
                          profile_verify_sizes=parse_positive_ints(args.profile_verify_sizes, "--profile-verify-sizes"),
                          profile_contexts=parse_positive_ints(args.profile_contexts, "--profile-contexts"),
                          profile_repeats=args.profile_repeats, profile_interleave=args.profile_interleave)
-    rep = run_validate(cfg)
+    rep = run_validate(cfg, progress=not args.no_progress)
     if args.json:
         print(json.dumps(rep, default=str))
     else:

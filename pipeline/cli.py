@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cliargs import add_device_dtype, add_model_head
+from pipeline.cliargs import add_device_dtype, add_model_head, add_no_progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -117,7 +117,7 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
                    help="continue the last checkpoint of this --out (refused, in one line, if the data or a "
                         "setting changed)")
     p.add_argument("--restart", action="store_true", help="start over although a checkpoint of this --out exists")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    add_no_progress(p)
     p.set_defaults(func=_run_train_draft)
 
 

@@ -46,6 +46,11 @@ def add_split(p: argparse.ArgumentParser) -> None:
                    help="which prompts (default: test for a built-in dataset, every prompt of your own file)")
 
 
+def add_no_progress(p: argparse.ArgumentParser) -> None:
+    """--no-progress, the same on every long-running command: log files get result lines, not bars."""
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
+
+
 def add_device_dtype(p: argparse.ArgumentParser) -> None:
     """--device and --dtype, the same on every command that loads a target."""
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if present, else cpu)")

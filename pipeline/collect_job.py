@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipeline.cliargs import add_device_dtype, add_model_head, add_split, parse_positive_ints
+from pipeline.cliargs import add_device_dtype, add_model_head, add_no_progress, add_split, parse_positive_ints
 from pipeline.collect import CollectConfig
 from pipeline.collect_actor import (FAIL_AFTER_ENV, FAIL_PROMPT_ENV, GEN_TOKENS, GROUP_PROMPTS, GROUP_TOKENS,
                                     CollectorActor, prompt_hash, shard_paths, table_dir)
@@ -235,6 +235,7 @@ def add_collect(sub) -> None:
                         "driver) or a pyarrow filesystem URI: file:///abs/path, s3://bucket/prefix, gs://bucket/prefix "
                         "(every worker writes there; use shared storage or an object store on a multi-node cluster)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    add_no_progress(p)
     p.set_defaults(func=_run_collect_cli)
 
 
@@ -263,7 +264,7 @@ def _run_collect_cli(args) -> int:
     s = run_collect(cfg, store, num_actors=args.num_actors, num_gpus=args.num_gpus, cpus_per_actor=args.cpus_per_actor,
                     use_ray=not args.no_ray, device=args.device, retry_failed=args.retry_failed,
                     continuation_cache=not args.no_continuation_cache,
-                    prompt_batch=args.prompt_batch)
+                    prompt_batch=args.prompt_batch, progress=not args.no_progress)
     if args.json:
         print(json.dumps(s))
         return 0

@@ -30,7 +30,7 @@ import pyarrow as pa
 import torch
 from tqdm import tqdm
 
-from pipeline.cliargs import add_device_dtype, add_model_head, parse_positive_ints
+from pipeline.cliargs import add_device_dtype, add_model_head, add_no_progress, parse_positive_ints
 from pipeline.errors import DraftGymError
 from pipeline.latency import draft_op, time_op, verify_op
 from pipeline.schema import LATENCY, SCHEMA_VERSION, partition_dir, write_atomic
@@ -274,6 +274,7 @@ def add_profile(sub) -> None:
     add_device_dtype(p)
     p.add_argument("--out", default="data/logs", help="logs root: the profile goes to OUT/latency/")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    add_no_progress(p)
     p.set_defaults(func=_run_profile_cli)
 
 
@@ -286,6 +287,6 @@ def _run_profile_cli(args) -> int:
                     verify_sizes=parse_positive_ints(args.verify_sizes, "--verify-sizes"),
                     contexts=parse_positive_ints(args.contexts, "--contexts"),
                     repeats=args.repeats, device=args.device, dtype=args.dtype, isolated=args.isolated,
-                    cycle_tokens=args.cycle_tokens)
+                    cycle_tokens=args.cycle_tokens, progress=not args.no_progress)
     print(json.dumps(r) if args.json else f"profiled {r['rows']} ops on {r['device']} -> {r['path']}")
     return 0

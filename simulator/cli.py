@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from pipeline.cliargs import add_no_progress
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     for add in (add_evaluate, add_train, add_transfer, add_synth, add_latency_report):
@@ -72,7 +74,7 @@ def add_train(sub) -> None:
     p.add_argument("--verify-size", type=int, default=None,
                    help="V for RADAR and LTD's Iter0 depth phase (default 60; with --action-space wide, "
                         "the grid-best static V on the training split)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_no_progress(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run_train)
 
@@ -103,7 +105,7 @@ def add_transfer(sub) -> None:
     p.add_argument("--obs", default="paper", choices=["paper", "rich"], help="observations, as `draftgym train`")
     p.add_argument("--objective", default="ratio", choices=["ratio", "rate"],
                    help="cycle reward, as `draftgym train` (rate: lambda is each profile's own grid-best)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_no_progress(p)
     p.set_defaults(func=_run_transfer)
 
 

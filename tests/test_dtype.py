@@ -167,3 +167,16 @@ def test_every_option_of_every_command_has_help():
         missing = [a.option_strings[0] for a in sp._actions if a.option_strings and not a.help]
         assert not missing, (name, missing)
     assert "(default: smollm2-135m)" in sub.choices["collect"].format_help()
+
+
+def test_long_commands_take_no_progress():
+    """Every command that shows progress bars takes --no-progress (log files and CI get result lines)."""
+    import argparse
+
+    from online.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name in ("collect", "profile", "validate", "profile-policy", "train", "transfer", "train-draft"):
+        assert "--no-progress" in sub.choices[name].format_help(), name
+    args = build_parser().parse_args(["profile", "--no-progress"])
+    assert args.no_progress is True
