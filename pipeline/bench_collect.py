@@ -15,11 +15,18 @@ Per dtype: online EAGLE-3 with each static tree of --online-trees on the first -
 8 prompts at a time, Parquet writes included, no continuation cache) on max(b, n) prompts: the same
 n prompts, plus the next ones of the split where b > n. Every collection starts from an empty
 output directory.
+
+--warm also times the re-collection: the same prompts again, into another empty directory, with the
+continuations already in the cache (a new head, new widths or a new Dmax on prompts collected
+before: the AR continuation depends on the target, dtype and prompt only). The cache is a scratch
+`$DRAFTGYM_CACHE` made for this run (its models/ linked to the real one), so the user's cache is
+neither read nor written; the untimed first pass fills it.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -71,23 +78,40 @@ def online(args, dtype: str, tree: tuple[int, int, int]) -> dict:
             "environment": environment_fingerprint(target.device, target.dtype)}
 
 
-def collection(args, dtype: str, batch: int) -> dict:
-    """run_collect in-process at prompt batch `batch` on max(batch, n) prompts, from an empty directory."""
+def collection(args, dtype: str, batch: int, warm: bool = False) -> dict:
+    """run_collect in-process at prompt batch `batch` on max(batch, n) prompts, from an empty directory.
+    warm: with every continuation already cached (module docstring), the cache filled by an untimed pass."""
     tmp = Path(tempfile.mkdtemp(prefix="draftgym-bench-collect-"))
+    old_cache = os.environ.get("DRAFTGYM_CACHE")
     try:
         cfg = CollectConfig(model=args.model, head=args.head, dataset=str(args.prompts), split=None,
                             n_prompts=max(batch, args.n_prompts), max_new_tokens=args.max_new_tokens, dtype=dtype)
+        if warm:
+            from pipeline.target import cache_dir
+
+            models = cache_dir() / "models"
+            os.environ["DRAFTGYM_CACHE"] = str(tmp / "cache")
+            (tmp / "cache").mkdir()
+            if models.is_dir():
+                (tmp / "cache" / "models").symlink_to(models.resolve(), target_is_directory=True)
+            run_collect(cfg, tmp / "fill", use_ray=False, progress=False, prompt_batch=batch, continuation_cache=True)
+        out = tmp / "out"
         t0 = time.perf_counter()
-        s = run_collect(cfg, tmp, use_ray=False, progress=False, prompt_batch=batch, continuation_cache=False)
+        s = run_collect(cfg, out, use_ray=False, progress=False, prompt_batch=batch, continuation_cache=warm)
         wall = time.perf_counter() - t0
-        files = table_files(tmp, "positions")
+        files = table_files(out, "positions")
         rows = sum(read_table(f, "positions", columns=["position"]).num_rows for f in files)
         nbytes = sum(f.stat().st_size for f in files)
     finally:
+        if warm:
+            if old_cache is None:
+                os.environ.pop("DRAFTGYM_CACHE", None)
+            else:
+                os.environ["DRAFTGYM_CACHE"] = old_cache
         shutil.rmtree(tmp, ignore_errors=True)
     if s["failed"]:
         raise DraftGymError(f"collection failed on {len(s['failed'])} prompts: {s['failed'][0]}")
-    return {"prompt_batch": batch, "prompts": s["collected"], "positions": s["positions"], "wall_s": wall,
+    return {"prompt_batch": batch, "warm": warm, "prompts": s["collected"], "positions": s["positions"], "wall_s": wall,
             "positions_per_s": s["positions"] / wall, "bytes_per_row": nbytes / max(rows, 1)}
 
 
@@ -108,6 +132,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default=None,
                     help="comma-separated compute dtypes, each measured in turn in this run "
                          "(default: pipeline.target.default_cpu_dtype on a CPU, bf16 on a GPU)")
+    ap.add_argument("--warm", action="store_true",
+                    help="also time each prompt batch's re-collection with the continuations cached (a new head or "
+                         "new widths on the same prompts); the cache is a scratch one, not the user's")
     ap.add_argument("--out", default=None, help="write the JSON report here")
     args = ap.parse_args(argv)
     trees = [parse_tree(t) for t in args.online_trees]
@@ -122,7 +149,8 @@ def main(argv=None) -> int:
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": []}
     for dt in dtypes:
         run = {"dtype": dt, "online": [online(args, dt, t) for t in trees],
-               "collection": [collection(args, dt, b) for b in batches]}
+               "collection": [collection(args, dt, b, warm) for b in batches for warm in
+                              ((False, True) if args.warm else (False,))]}
         run["environment"] = run["online"][0].pop("environment")
         for o in run["online"][1:]:
             o.pop("environment")
@@ -130,9 +158,10 @@ def main(argv=None) -> int:
             c["ratio"] = {",".join(map(str, o["tree"])): c["positions_per_s"] / o["tokens_per_s"] for o in run["online"]}
         report["runs"].append(run)
         print(json.dumps(run), flush=True)
-    lines = ["| dtype | online tree (D,W,V): tokens/s | " + " | ".join(f"collection, prompt batch {b}: positions/s (x each online)"
-                                                                     for b in batches) + " |",
-             "|---" * (2 + len(batches)) + "|"]
+    kinds = [(b, w) for b in batches for w in ((False, True) if args.warm else (False,))]
+    lines = ["| dtype | online tree (D,W,V): tokens/s | " + " | ".join(
+        f"collection, prompt batch {b}{', continuations cached' if w else ''}: positions/s (x each online)"
+        for b, w in kinds) + " |", "|---" * (2 + len(kinds)) + "|"]
     for run in report["runs"]:
         on = "; ".join(f"({','.join(map(str, o['tree']))}) {o['tokens_per_s']:.1f}" for o in run["online"])
         cells = [f"{c['positions_per_s']:.1f} (" + ", ".join(f"{r:.2f}x" for r in c["ratio"].values()) + ")"
