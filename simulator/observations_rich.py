@@ -71,7 +71,10 @@ class AcceptanceHistory:
     def update(self, idx, accepted, depth) -> None:
         """One finished cycle for envs idx: L accepted tokens of a depth-D draft."""
         L = np.asarray(accepted, np.float32)
-        rate = L / np.maximum(np.asarray(depth, np.float32), np.float32(1.0))
+        self._advance(idx, L, L / np.maximum(np.asarray(depth, np.float32), np.float32(1.0)))
+
+    def _advance(self, idx, L, rate) -> None:
+        """The EMA step of `update` from float32 L and L/D (arrays over idx, or scalars for one env)."""
         b = np.float32(HISTORY_BETA)
         self._one = None
         self.has_last[idx] = 1.0
@@ -97,15 +100,9 @@ class AcceptanceHistory:
             self.reset(0)
         elif ctx.last is not None:
             # = self.update(0, L, D) in float32 scalars (the same float32 operations, so the same
-            # numbers; ~10 numpy array calls fewer between two verify forwards)
+            # numbers; fewer numpy array calls between two verify forwards)
             L = np.float32(ctx.last.accepted)
-            rate = L / max(np.float32(ctx.last.depth), np.float32(1.0))
-            b, c = np.float32(HISTORY_BETA), np.float32(1.0) - np.float32(HISTORY_BETA)
-            self._one = None
-            self.has_last[0] = 1.0
-            self.last_rate[0] = rate
-            self.ema_rate[0] = b * self.ema_rate[0] + c * rate
-            self.ema_accepted[0] = b * self.ema_accepted[0] + c * L
+            self._advance(0, L, L / max(np.float32(ctx.last.depth), np.float32(1.0)))
 
     def features(self, idx=None) -> np.ndarray:
         """[n, 4] = [has_last, last L/D, ema_rate, ema_accepted / 12] (float32; 12 = LTD's Dmax, a fixed

@@ -37,8 +37,9 @@ class LTDPolicy(Policy):
         self.uses_size_hook = size_net is not None
         self.rng = np.random.default_rng(0)
         self._np_depth = self._np_size = None      # NumpyMLP copies, built on the first batch-1 call
-        self._rich_buf = None                       # continue_one's rich observation, filled in place
         self._set_obs_variant(obs_variant, ("candidate_scores", "entropy"))
+        # continue_one's observation, filled in place: [W*W + 2] (paper) or [W*W + 7] (rich)
+        self._depth_obs = np.empty(rich.obs_dim("ltd_depth", obs_variant, width), np.float32)
 
     def reset(self, n_envs, seed=0):
         self.rng = np.random.default_rng(seed)
@@ -70,17 +71,12 @@ class LTDPolicy(Policy):
         return (self.max_depth if self.uses_depth_hook else self.fixed_depth), self.width, self.verify
 
     def continue_one(self, step) -> bool:
-        k = self.width * self.width
-        if self.rich:        # [W*W + 7] = [paper(W*W + 2), H_d / scale, history(4)], filled in place
-            if self._rich_buf is None:
-                self._rich_buf = np.empty(k + 2 + rich.EXTRA_DIM["ltd_depth"], np.float32)
-            o = self._rich_buf
-            obs.ltd_depth_obs_one(obs.to_numpy(step.candidate_scores), step.depth, step.context_len, self.width,
-                                  out=o[:k + 2])
+        k, o = self.width * self.width, self._depth_obs
+        obs.ltd_depth_obs_one(obs.to_numpy(step.candidate_scores), step.depth, step.context_len, self.width,
+                              out=o[:k + 2])                                                # [W*W + 2]
+        if self.rich:                                        # [W*W + 7]: + [H_d / scale, history(4)]
             o[k + 2] = rich.entropy_feature_one(step.entropy)
             o[k + 3:] = self.hist.features_one()
-        else:                                                                               # [W*W + 2]
-            o = obs.ltd_depth_obs_one(obs.to_numpy(step.candidate_scores), step.depth, step.context_len, self.width)
         self._np_depth = NumpyMLP.fresh(self._np_depth, self.depth_net)
         return bool(choose_action(self._np_depth(o)[None], self.sample, self.rng)[0] == CONTINUE)
 

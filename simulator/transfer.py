@@ -171,7 +171,7 @@ def run_transfer_command(args, train_args: list[str], train) -> int:
            for s in specs}               # every profile exists before any training starts
     dirs = train_for_profiles(args.logs, args.method, specs, out, train_args, train, ids)
     res = cross_table(args.logs, dirs, specs, args.latency, args.model, args.split, args.dtype,
-                      getattr(args, "temperature", None))
+                      args.temperature)
     from pipeline.fingerprint import environment_fingerprint
     res.update(method=args.method, train_args=train_args, logs=args.logs, wall_s=time.perf_counter() - t0,
                date=time.strftime("%Y-%m-%d %H:%M:%S"), environment=environment_fingerprint("cpu"))
