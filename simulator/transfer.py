@@ -90,19 +90,27 @@ def train_for_profiles(logs: str, method: str, specs: list[str], out: Path, trai
     return dirs
 
 
-def cross_table(logs_root: str, policy_dirs: dict, specs: list[str], latency_root: str | None = None,
-                model: str | None = None, split: str = "test", dtype: str | None = None,
-                temperature: float | None = None) -> dict:
-    """Replay each policy under each profile on `split`; grid-best picked on val under that profile."""
-    from simulator import baselines as B
-    from simulator.checkpoint import load_checkpoint
+def load_transfer_logs(logs_root: str, split: str = "test", model: str | None = None, dtype: str | None = None,
+                       temperature: float | None = None):
+    """The acceptance logs the table replays, with a `split` to measure on: loaded before any training,
+    so a wrong partition (model, dtype, temperature) or an empty split fails in one line first."""
     from simulator.logs import load_logs
-    from simulator.replay import autoregressive, simulate
 
     logs = load_logs(logs_root, model=model, dtype=dtype, temperature=temperature)
-    test, val = logs.select(split), logs.select("val")
-    if test.n_sequences == 0:
+    if logs.select(split).n_sequences == 0:
         raise DraftGymError(f"no {split!r} sequences under {logs_root}")
+    return logs
+
+
+def cross_table(logs, logs_root: str, policy_dirs: dict, specs: list[str], latency_root: str | None = None,
+                split: str = "test") -> dict:
+    """Replay each policy under each profile on `split` of `logs` (`load_transfer_logs`, from
+    `logs_root`); grid-best picked on val under that profile."""
+    from simulator import baselines as B
+    from simulator.checkpoint import load_checkpoint
+    from simulator.replay import autoregressive, simulate
+
+    test, val = logs.select(split), logs.select("val")
     tune = val if val.n_sequences else logs.select("train")
     cells, ref = {}, {}
     for q in specs:
@@ -164,14 +172,14 @@ def run_transfer_command(args, train_args: list[str], train) -> int:
     specs = [s.strip() for s in args.profiles.split(",") if s.strip()]
     if len(specs) < 2 or len(set(specs)) != len(specs):
         raise DraftGymError("--profiles: two or more distinct profile specs, e.g. float32,bfloat16")
+    t0 = time.perf_counter()
+    # the logs and every profile exist before any training starts
+    logs = load_transfer_logs(args.logs, args.split, args.model, args.dtype, args.temperature)
+    ids = {s: _latency(args.latency or args.logs, args.model, s).meta.get("profile_id") for s in specs}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    ids = {s: _latency(args.latency or args.logs, args.model, s).meta.get("profile_id")
-           for s in specs}               # every profile exists before any training starts
     dirs = train_for_profiles(args.logs, args.method, specs, out, train_args, train, ids)
-    res = cross_table(args.logs, dirs, specs, args.latency, args.model, args.split, args.dtype,
-                      args.temperature)
+    res = cross_table(logs, args.logs, dirs, specs, args.latency, args.split)
     from pipeline.fingerprint import environment_fingerprint
     res.update(method=args.method, train_args=train_args, logs=args.logs, wall_s=time.perf_counter() - t0,
                date=time.strftime("%Y-%m-%d %H:%M:%S"), environment=environment_fingerprint("cpu"))

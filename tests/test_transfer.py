@@ -66,3 +66,7 @@ def test_transfer_refuses_bad_profiles(two_profiles, tmp_path, capsys):
     assert "profile spec 'fp8'" in capsys.readouterr().err
     assert main(base + ["--profiles", "id:synthetic-cpu,id:nope"]) == 2     # checked before any training
     assert not (tmp_path / "t" / "policy-synthetic-cpu").exists()
+    # a logs partition that is not there fails in one line before any training or output
+    assert main(base + ["--profiles", "id:synthetic-cpu,id:synthetic-gpu", "--temperature", "0.5"]) == 2
+    assert "temperature 0.5" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
