@@ -38,6 +38,7 @@ from pipeline.engine import Engine
 from pipeline.errors import DraftGymError
 from pipeline.head import Eagle3Head
 from pipeline.schema import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID, SCHEMA_VERSION
+from pipeline.target import base_model
 from pipeline.tree import rank_nodes, tree_from_nodes
 from pipeline.verify import crop_cache, target_forward, trees_attention_mask
 
@@ -348,9 +349,9 @@ def _collect_group(engine: Engine, head: Eagle3Head, prompts, conts, cfg: Collec
     ids = torch.tensor([f + [0] * (Nmax - len(f)) for f in fulls], device=dev)              # [G, N_max] right-padded
     cache = DynamicCache(config=engine.model.config)
     with_dist = cfg.temperature > 0 and cfg.dist_every > 0
-    out = engine.model(input_ids=ids, position_ids=torch.arange(Nmax, device=dev)[None].expand(G, -1),
-                       past_key_values=cache if with_dist else None, use_cache=with_dist, output_hidden_states=True,
-                       logits_to_keep=1)                                                      # logits unused
+    out = base_model(engine.model)(input_ids=ids, position_ids=torch.arange(Nmax, device=dev)[None].expand(G, -1),
+                                   past_key_values=cache if with_dist else None, use_cache=with_dist,
+                                   output_hidden_states=True)                                 # no lm_head: logits unused
     feats = head.fuse(tuple(h[:, : Nmax - 1] for h in out.hidden_states))                    # [G, N_max-1, H]
     g, dlogits, (hk, hv) = head(ids[:, 1:], feats, torch.arange(Nmax - 1, device=dev))        # [G, N_max-1, .]
     # pack the head KV: prompt r's entries 0..N_r-2 at offsets o_r

@@ -17,7 +17,7 @@ import torch
 
 from pipeline.head import Eagle3Head
 from pipeline.head_model import KVBuffer
-from pipeline.tree import DraftPool, DraftStep, entropy, expand_level, log_softmax32
+from pipeline.tree import DraftPool, DraftStep, expand_level, level_stats
 
 
 class DraftKV:
@@ -58,11 +58,10 @@ def expand_tree(head: Eagle3Head, prefix_kv: tuple[torch.Tensor, torch.Tensor], 
     """
     B, dev = root_hidden.shape[0], root_hidden.device
     W = min(width, root_logits.shape[-1])                               # top_k cannot exceed the draft vocab
-    logp = log_softmax32(root_logits)                                    # [B, Vd]
-    scores, ids = logp.topk(W, dim=-1)                                   # [B, W] depth-1 nodes
+    scores, ids, root_entropy = level_stats(root_logits, W)              # [B, W] depth-1 nodes, [B]
     tokens = [head.draft_to_target(ids)]
     all_scores, parents, depths = [scores], [torch.full((B, W), -1, device=dev)], [torch.ones(B, W, dtype=torch.long, device=dev)]
-    steps = [dict(beam_scores=scores, candidate_scores=scores, entropy=entropy(logp)[:, None])]
+    steps = [dict(beam_scores=scores, candidate_scores=scores, entropy=root_entropy[:, None])]
     pool_idx = torch.arange(W, device=dev).expand(B, W)                 # pool index of each beam
     beam_tokens, beam_scores = tokens[0], scores
     beam_hidden = root_hidden[:, None, :].expand(B, W, root_hidden.shape[-1])  # [B, W, H]
@@ -89,14 +88,14 @@ def expand_tree(head: Eagle3Head, prefix_kv: tuple[torch.Tensor, torch.Tensor], 
         pos = (root_pos[:, None] + depth - 1).expand(B, W)                # [B, W]
         g, logits, _ = head(beam_tokens, beam_hidden, pos, past_kv=kv,
                             attn_mask=additive(allowed, beam_hidden.dtype)[:, None])
-        child_logp = log_softmax32(logits)                                # [B, W, Vd]
-        cand_ids, cand_scores, cand_parent, nxt = expand_level(beam_scores, child_logp, W)
+        top_logp, top_ids, child_entropy = level_stats(logits, W)        # [B, W, W] x2, [B, W]
+        cand_ids, cand_scores, cand_parent, nxt = expand_level(beam_scores, top_logp, top_ids)
         tokens.append(head.draft_to_target(cand_ids))
         all_scores.append(cand_scores)
         parents.append(torch.gather(pool_idx, 1, cand_parent))
         depths.append(torch.full_like(cand_ids, depth))
         steps.append(dict(beam_scores=torch.gather(cand_scores, 1, nxt), candidate_scores=cand_scores,
-                          entropy=entropy(child_logp)))
+                          entropy=child_entropy))
         # next beams: the best W candidates; a beam's hidden is its parent's output row
         par_beam = torch.gather(cand_parent, 1, nxt)                      # [B, W]
         beam_tokens = torch.gather(tokens[-1], 1, nxt)

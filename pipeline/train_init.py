@@ -9,7 +9,8 @@ import torch
 from pipeline.distill_data import TrainSequence
 from pipeline.errors import DraftGymError
 from pipeline.head import Eagle3Head, random_head
-from pipeline.train_config import TrainConfig, _base_model
+from pipeline.target import base_model
+from pipeline.train_config import TrainConfig
 from pipeline.ttt import ttt_loss
 
 
@@ -61,7 +62,7 @@ def build_head(target_model, vocab_ids: torch.Tensor, cfg: TrainConfig) -> Eagle
     set_draft_vocab(head, vocab_ids)
     if cfg.init in ("target", "passthrough"):
         out_w = target_model.get_output_embeddings().weight
-        norm = getattr(_base_model(target_model), "norm", None)
+        norm = getattr(base_model(target_model), "norm", None)
         with torch.no_grad():
             if out_w.shape[1] == head.cfg.hidden_size:
                 head.lm_head.weight.copy_(out_w[vocab_ids.to(out_w.device)].float())

@@ -161,3 +161,27 @@ def test_train_draft_regenerate_uses_batched_greedy(tmp_path, capsys):
     again = regenerate(target, rows, cfg, path, progress_bar=False)
     assert again == got and "regenerating 1 answers (6 cached)" in capsys.readouterr().out
     assert len([ln for ln in path.read_text().splitlines() if ln.startswith("{\"prompt_id\"")]) >= len(rows)
+
+
+def test_grouped_prefill_equals_batch1(monkeypatch):
+    """The first rows' prompts are prefilled several per forward, right-padded, split into groups of
+    at most PREFILL_TOKENS padded tokens; rows still equal batch-1 generate_ar (fp32). A target whose
+    CausalLM changes logits after the lm_head (here flagged by a soft-capping config field) is
+    prefilled one prompt per forward through the CausalLM, with the same rows."""
+    import pipeline.batch_generate as bg
+
+    eng, prompts = _setup()
+    monkeypatch.setattr(bg, "PREFILL_TOKENS", 40)                  # 7 prompts of 1-17 tokens: several groups
+    calls = []
+    h = eng.model.model.register_forward_hook(lambda m, a, kw, out: calls.append(kw["input_ids"].shape), with_kwargs=True)
+    ref = [eng.generate_ar(p, 16).output_ids for p in prompts]
+    calls.clear()
+    res = generate_batch(eng.model, prompts, 16, 0.0, 0, eng.eos, batch_size=7)
+    prefills = [s for s in calls if s[1] > 1]
+    assert [r.output_ids for r in res] == ref
+    assert 1 < len(prefills) < len(prompts) and all(g * n <= 40 for g, n in prefills) and max(g for g, _ in prefills) > 1
+    calls.clear()
+    eng.model.config.final_logit_softcapping = 30.0
+    again = generate_batch(eng.model, prompts, 16, 0.0, 0, eng.eos, batch_size=7)
+    h.remove()
+    assert again == res and all(s[0] == 1 for s in calls if s[1] > 1)

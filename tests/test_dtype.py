@@ -195,3 +195,24 @@ def test_log_softmax32_equals_the_upcast_path():
         x[0, :5] = x[0, 5]                                   # ties
         out = log_softmax32(x)
         assert out.dtype == torch.float32 and torch.equal(out, F.log_softmax(x.float(), dim=-1)), dt
+
+
+def test_level_stats_equals_log_softmax_topk_entropy():
+    """pipeline.tree.level_stats (chunked, buffers reused) gives bit for bit the top-k log-probs, ids
+    and entropies of log_softmax32 -> topk and entropy() on the whole tensor, in bf16, fp16 and
+    fp32, for the online shapes ([1, Vd], [1, W, Vd]) and collection's ([64, W, Vd]), whatever the
+    chunk size. A wrong chunk boundary or a buffer reused across rows would break equality."""
+    from pipeline.tree import entropy, level_stats, log_softmax32
+
+    g = torch.Generator().manual_seed(1)
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        for shape in ((1, 8192), (1, 10, 8192), (37, 8192), (64, 10, 8192)):
+            x = (torch.randn(*shape, generator=g) * 4).to(dt)
+            x.view(-1, shape[-1])[0, :12] = x.view(-1, shape[-1])[0, 12]      # ties inside the top-k
+            logp = log_softmax32(x)
+            ref_v, ref_i = logp.topk(10, dim=-1)
+            ref_h = entropy(logp)
+            for rows in (1, 7, 16, 1000):
+                v, i, h = level_stats(x, 10, rows=rows)
+                assert v.shape == ref_v.shape and h.shape == ref_h.shape, (dt, shape)
+                assert torch.equal(v, ref_v) and torch.equal(i, ref_i) and torch.equal(h, ref_h), (dt, shape, rows)

@@ -25,4 +25,4 @@ logs = collect_prompts(eng, eng.head, ps, cfg, continuations=conts)
 pr.disable(); tc=time.perf_counter()-t0
 npos = sum(len(l.positions[10]["position"]) for l in logs)
 print("collect (no gen)", tc, npos, npos/tc, "with gen", npos/(tc+tg))
-pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+pstats.Stats(pr).sort_stats(sys.argv[3] if len(sys.argv) > 3 else "tottime").print_stats(25)
