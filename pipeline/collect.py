@@ -59,7 +59,11 @@ class CollectConfig:
     widths: tuple[int, ...] = (10,)
     max_depth: int = DEFAULT_MAX_DEPTH
     verify_grid: tuple[int, ...] = DEFAULT_VERIFY_GRID
-    position_batch: int = 16         # roots expanded together in one batched draft forward
+    # roots expanded together in one batched draft forward (x W beams = rows per head matmul). 64: warm
+    # collection of 64 ShareGPT prompts on the 2-core Xeon took 26.6-26.9 / 24.6-24.9 / 22.7-23.2 /
+    # 22.0-22.1 s at 16 / 32 / 64 / 128 in bf16, and 56.7-58.4 / 50.4-52.2 / 54.0-56.4 s at 16 / 64 / 128
+    # in fp32 (BENCHMARKS.md O2). Not part of run_key: it changes speed, not what is logged.
+    position_batch: int = 64
     dist_every: int = 1              # T > 0: acceptance distributions at every k-th position (0 = never)
     dist_verify_size: int = 60       # V of the trees whose acceptance distributions are logged
     schema_version: int = SCHEMA_VERSION

@@ -201,7 +201,9 @@ def add_collect(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (T > 0) and random-head seed")
     p.add_argument("--widths", default="10", help="comma-separated W values")
     p.add_argument("--max-depth", type=int, default=12, help="deepest tree logged (Dmax): acceptance tables cover D = 1..Dmax")
-    p.add_argument("--position-batch", type=int, default=16, help="roots expanded together in one batched draft forward")
+    p.add_argument("--position-batch", type=int, default=CollectConfig.position_batch,
+                   help="roots expanded together in one batched draft forward (x the width = rows per head matmul); "
+                        "larger uses more memory at long contexts")
     p.add_argument("--dist-every", type=int, default=1,
                    help="T > 0: log acceptance-length distributions at every k-th position (0 = never; each costs a verify forward)")
     p.add_argument("--dist-verify-size", type=int, default=60, help="T > 0: V of the tree whose acceptance-length distribution is logged")
