@@ -153,23 +153,22 @@ def acceptance_table(pool, cont: torch.Tensor, max_depth: int, grid: torch.Tenso
         on_path[:, lo:hi] = ok
         has = ok.any(1)
         path_idx[has, j - 1] = lo + ok[has].float().argmax(1)
-    L = torch.zeros(B, max_depth, len(grid), dtype=torch.uint8)
-    scores = pool.scores
+    # rank of depth j's on-path node in the stable order of each pool prefix [:n_D]: the nodes with a
+    # strictly better score, plus those with an equal score at a lower index. The pool is depth-major,
+    # so count level by level and take the cumulative sum over levels (one pass, not one per (D, j)).
+    scores = pool.scores                                                 # [B, N]
+    si = torch.gather(scores, 1, path_idx.clamp(min=0))                  # [B, Dmax] on-path scores
     ar = torch.arange(N)
-    for D in range(1, max_depth + 1):
-        n_D = W + (D - 1) * W * W
-        s = scores[:, :n_D]                                             # [B, n_D]
-        best = torch.zeros(B, len(grid), dtype=torch.uint8)
-        for j in range(1, D + 1):
-            idx = path_idx[:, j - 1]                                    # [B]
-            valid = idx >= 0
-            si = torch.gather(scores, 1, idx.clamp(min=0)[:, None])     # [B, 1]
-            # rank in the stable order: strictly better scores, plus equal scores at lower index
-            rank = (s > si).sum(1) + ((s == si) & (ar[None, :n_D] < idx[:, None])).sum(1)  # [B]
-            sel = valid[:, None] & (rank[:, None] <= grid[None, :] - 2)  # [B, n_grid]
-            best = torch.where(sel, torch.full_like(best, j), best)
-        L[:, D - 1] = best
-    return L
+    better = (scores[:, None, :] > si[:, :, None]) | (
+        (scores[:, None, :] == si[:, :, None]) & (ar[None, None, :] < path_idx[:, :, None]))   # [B, Dmax(j), N]
+    ends = [W + (k - 1) * W * W for k in range(1, max_depth + 1)]        # n_D for D = 1..Dmax
+    per_level = torch.stack([better[:, :, lo:hi].sum(-1) for lo, hi in zip([0] + ends[:-1], ends)], -1)
+    rank = per_level.cumsum(-1)                                          # [B, j, D] rank in pool[:n_D]
+    depth = torch.arange(1, max_depth + 1)
+    sel = ((path_idx >= 0)[:, :, None, None] & (depth[:, None] <= depth[None, :])[None, :, :, None]
+           & (rank[..., None] <= grid - 2))                              # [B, j, D, n_grid] node j selected
+    # the selection is connected, so L is the deepest selected on-path node
+    return (sel * depth.to(torch.uint8)[None, :, None, None]).amax(1)    # [B, D, n_grid] uint8
 
 
 DIST_ROWS = 512   # tree nodes of several roots verified in one forward (bounds the [rows, vocab] logits)

@@ -403,3 +403,46 @@ def test_length_groups_cap_members_and_padded_tokens():
     assert length_groups(lens, 16, 100) == [[0, 1, 2], [3], [4], [5], [6]]     # 250 and 900 alone, over the cap
     assert [i for g in length_groups(lens, 2, 10 ** 6) for i in g] == list(range(7))
     assert length_groups([], 4, 100) == []
+
+
+def test_acceptance_table_equals_tree_selection():
+    """acceptance_table against the definition, on random pools with tied scores: for each (D, V),
+    select the top V-1 nodes of pool[:n_D] with rank_nodes (what the engine verifies) and walk the
+    continuation down the selected nodes from the root."""
+    from pipeline.tree import rank_nodes
+
+    g = torch.Generator().manual_seed(3)
+    W, Dmax, B = 3, 4, 40
+    N = W + (Dmax - 1) * W * W
+    grid = torch.tensor([1, 2, 3, 5, 8, 13, 40])
+    par = [-1] * W
+    for j in range(2, Dmax + 1):                                  # each level: W beams of the previous level x W
+        lo_prev = 0 if j == 2 else W + (j - 3) * W * W
+        n_prev = W if j == 2 else W * W
+        beams = torch.randperm(n_prev, generator=g)[:W] + lo_prev
+        par += [int(b) for b in beams for _ in range(W)]
+    parents = torch.tensor([par] * B)
+    # siblings carry distinct tokens (a beam's top-W children), drawn from 4: on-path nodes are common
+    tokens = torch.stack([torch.cat([torch.randperm(4, generator=g)[:W] for _ in range(N // W)]) for _ in range(B)])
+    # cumulative scores, as in a real pool: child = parent + a log-prob <= 0; steps of 0 or -0.5 give many ties
+    steps = -torch.randint(0, 2, (B, N), generator=g).float() / 2
+    scores = steps.clone()
+    for i in range(W, N):
+        scores[:, i] = scores[:, par[i]] + steps[:, i]
+    depths = torch.tensor([[1] * W + [j for j in range(2, Dmax + 1) for _ in range(W * W)]] * B)
+    pool = DraftPool(tokens=tokens, scores=scores, parents=parents, depths=depths, width=W)
+    cont = torch.randint(0, 4, (B, Dmax), generator=g)
+    cont[::7, 2:] = -1                                            # continuations that end early
+    L = acceptance_table(pool, cont, Dmax, grid)
+    for b in range(B):
+        for D in range(1, Dmax + 1):
+            n_D = W + (D - 1) * W * W
+            order = rank_nodes(scores[b : b + 1, :n_D])[0].tolist()
+            for v, V in enumerate(grid.tolist()):
+                chosen, node, acc = set(order[: V - 1]), -1, 0
+                while acc < D and cont[b, acc] >= 0:
+                    kids = [i for i in chosen if par[i] == node and int(tokens[b, i]) == int(cont[b, acc])]
+                    if not kids:
+                        break
+                    node, acc = kids[0], acc + 1
+                assert int(L[b, D - 1, v]) == acc, (b, D, V)
