@@ -216,3 +216,26 @@ def test_level_stats_equals_log_softmax_topk_entropy():
                 v, i, h = level_stats(x, 10, rows=rows)
                 assert v.shape == ref_v.shape and h.shape == ref_h.shape, (dt, shape)
                 assert torch.equal(v, ref_v) and torch.equal(i, ref_i) and torch.equal(h, ref_h), (dt, shape, rows)
+
+
+def test_git_commit_marks_uncommitted_code(tmp_path):
+    """The fingerprint's commit gets '+dirty' when a tracked file differs from HEAD (a run on uncommitted
+    code must not be stamped with a commit that did not produce it); untracked files do not count."""
+    import subprocess
+
+    from pipeline.fingerprint import _git_commit
+
+    git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *a],
+                                    check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("commit", "-qm", "one")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / "new.txt").write_text("untracked\n")
+    assert _git_commit(str(tmp_path)) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    _git_commit.cache_clear()
+    assert _git_commit(str(tmp_path)) == head + "+dirty"
+    _git_commit.cache_clear()
+    assert _git_commit(str(tmp_path.parent / "no-such-dir")) is None
