@@ -2,7 +2,7 @@
 
 Per dtype (fp32, bf16): `pipeline.batch_generate.generate_batch` greedy tokens/s at batch 1, 4, 16,
 64 (48 new tokens, max(b, 4) MT-bench + ShareGPT train prompts of <= 256 tokens, a finished row
-refilled from the queue), HF `model.generate` (left padding, DynamicCache) at batch 16 on the same
+refilled from the queue; where the first 4 rows differ from batch 1, the lossless near-tie verdict), HF `model.generate` (left padding, DynamicCache) at batch 16 on the same
 prompts for comparison, then collection positions/s on 8 prompts: `collect_prompt` one by one
 against `collect_prompts` (both generate their continuations; default head, W = 10).
 
@@ -19,6 +19,7 @@ from pipeline.datasets import load_prompts
 from pipeline.engine import Engine
 from pipeline.fingerprint import cpu_model
 from pipeline.generate import load_head_for
+from pipeline.lossless import classify, summarize_verdicts
 from pipeline.target import encode_prompt, load_target
 
 NEW, MAX_PROMPT = 48, 256
@@ -46,6 +47,11 @@ for dt in dtypes:
         print(f"{dt} generate_batch  batch {b:3d}: {len(ps)} prompts, {n_tok} tokens, {wall:6.1f} s, {n_tok / wall:6.1f} tok/s")
     print(f"{dt} the first 4 prompts' outputs equal at batch 1, 4, 16, 64: "
           f"{[first4[b] == first4[1] for b in (4, 16, 64)]}")
+    # where a row parts from its batch-1 output: the lossless rule's verdict (near-tie within the
+    # dtype's rounding of the top-2 logit gap, or a mismatch = a bug), batch-1 output as the reference
+    verdicts = [classify(eng.model, prompts[i], first4[1][i], first4[b][i]) for b in (4, 16, 64) for i in range(4)]
+    print(f"{dt} batch 4/16/64 against batch 1, first 4 prompts: {summarize_verdicts(verdicts)['counts']}; "
+          + "; ".join(f"k={v.k} gap {v.gap_ulps:.1f} ulp" for v in verdicts if v.status != "exact"))
     ps = prompts[:16]
     P = max(map(len, ps))
     ids = torch.zeros(16, P, dtype=torch.long)
