@@ -12,10 +12,11 @@ step); the attention reads keys [0, span) with span = max_r n_r + 1 and an addit
 so entries past a slot's own length (padding, or a previous occupant's leftovers) weigh exactly 0.
 Why slots over left padding: a finished row's slot is refilled from the queue with a prompt of any
 length without moving the other rows, which left padding cannot do (all rows share one right
-edge). The first B prompts are prefilled together, right-padded, a few thousand tokens per forward
+edge). The first B prompts are prefilled together, right-padded, in length-sorted groups
 (`prefill_groups`); a prompt that later refills a freed slot is prefilled at batch 1 with a
-DynamicCache, as `Engine.generate_ar` does. Either way its KV is copied once into its slot. When rows finish and the queue is empty, the buffer is
-compacted to the live rows once they are at most half of it (log2 B copies in all, each smaller).
+DynamicCache, as `Engine.generate_ar` does. Either way its KV is copied once into its slot. When
+rows finish and the queue is empty, the buffer is compacted to the live rows once they are at most
+half of it (log2 B copies in all, each smaller).
 
 KV cache choice (measured on this CPU, Intel Xeon with AMX, 2 threads, smollm2-135m, batch 16,
 16 MT-bench/ShareGPT prompts, 48 new tokens; docs/adhoc/batch_generate_speed.py): this slot cache
@@ -163,39 +164,43 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, tempera
             return "eos"
         return "max_new_tokens" if len(out) >= max_new_tokens else None
 
+    def more() -> bool:
+        """Take another prompt from the queue?"""
+        return bool(queue) and not (stop_refill is not None and stop_refill())
+
+    def start(s: int, i: int, last_logits: torch.Tensor) -> bool:
+        """Prompt i's first token from its prefill's last logits [vocab]: True if its row goes on in
+        slot s, False if that token already finished it."""
+        gen = torch.Generator(device=dev).manual_seed(seeds[i])
+        out = [sample_token(last_logits, temperature, gen)]
+        stop = stopped(out)
+        if stop is not None:
+            finish(i, out, stop)
+            return False
+        slot_prompt[s], slot_out[s], slot_gen[s] = i, out, gen
+        return True
+
     def fill(s: int) -> None:
         """Prefill prompts into slot s (batch 1, as generate_ar) until one does not finish at once."""
         slot_prompt[s] = None
-        while queue and not (stop_refill is not None and stop_refill()):
+        while more():
             i = queue.pop()
             p = prompts[i]
             from transformers import DynamicCache
             c = DynamicCache(config=model.config)
             logits, _ = target_forward(model, torch.tensor([p], device=dev), torch.arange(len(p), device=dev)[None],
                                        c, hidden_states=False)
-            gen = torch.Generator(device=dev).manual_seed(seeds[i])
-            out = [sample_token(logits[-1], temperature, gen)]
-            stop = stopped(out)
-            if stop is not None:
-                finish(i, out, stop)
-                continue
-            kv.load(s, c, len(p))
-            slot_prompt[s], slot_out[s], slot_gen[s] = i, out, gen
-            return
+            if start(s, i, logits[-1]):
+                kv.load(s, c, len(p))
+                return
 
     # the first B prompts: prefilled together, right-padded, in groups (one forward per group instead
     # of one per prompt); the slots of rows that stop at once, and later refills, go through fill()
     first = []
-    while queue and len(first) < B and not (stop_refill is not None and stop_refill()):
+    while len(first) < B and more():
         first.append(queue.pop())
     for s, i, logits in prefill_groups(model, prompts, first, kv):
-        gen = torch.Generator(device=dev).manual_seed(seeds[i])
-        out = [sample_token(logits, temperature, gen)]
-        stop = stopped(out)
-        if stop is not None:
-            finish(i, out, stop)
-        else:
-            slot_prompt[s], slot_out[s], slot_gen[s] = i, out, gen
+        start(s, i, logits)
     for s in range(B):
         if slot_prompt[s] is None:
             fill(s)
@@ -236,6 +241,18 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, tempera
 PREFILL_TOKENS = 1024   # padded tokens per batched prefill forward (rows x longest prompt of the group)
 
 
+def length_groups(lengths: list[int], max_items: int, max_tokens: int) -> list[list[int]]:
+    """Consecutive groups of indices (lengths sorted ascending) with at most max_items members and
+    members x the group's longest length <= max_tokens (a longer single item is a group alone)."""
+    groups, cur = [], []
+    for i, n in enumerate(lengths):
+        if cur and (len(cur) + 1 > max_items or (len(cur) + 1) * n > max_tokens):
+            groups.append(cur)
+            cur = []
+        cur.append(i)
+    return groups + ([cur] if cur else [])
+
+
 def prefill_groups(model, prompts: list[list[int]], order: list[int], kv: SlotKV):
     """Prefill the prompts of indices `order` into slots 0, 1, ... of kv, several per forward: yields
     (slot, prompt index, last-token logits [vocab] fp32) per prompt, shortest prompt first.
@@ -243,9 +260,9 @@ def prefill_groups(model, prompts: list[list[int]], order: list[int], kv: SlotKV
     Why: a batch-1 prefill of a short prompt has only P rows per matmul, and the bench's 64 ShareGPT
     prompts of ~77 tokens prefilled one by one took 4.0 s, a third of their generation. A group is
     right-padded to its longest prompt with natural positions: causal attention never lets a row see
-    the padding after it, so no mask is needed, and only each row's [0, P) KV entries
-    are copied into its slot. Prompts are sorted by length and cut into groups of at most
-    PREFILL_TOKENS padded tokens, so a group's rows have similar lengths. Measured on that bench
+    the padding after it, so no mask is needed, and only each row's [0, P) KV entries are copied
+    into its slot. Prompts are sorted by length and cut into groups of at most PREFILL_TOKENS padded
+    tokens (`length_groups`), so a group's rows have similar lengths. Measured on that bench
     (bf16, 2-core Xeon): 4.0 s one by one; grouped 2.9 / 3.8 / 4.3 s unsorted and 1.9 / 2.0 / 4.9 s
     sorted at 1,024 / 4,096 / 16,384 padded tokens (large groups pad short rows to the longest).
 
@@ -262,15 +279,9 @@ def prefill_groups(model, prompts: list[list[int]], order: list[int], kv: SlotKV
     dev = kv.k[0].device
     cfg = model.config
     plain_head = getattr(cfg, "final_logit_softcapping", None) is None and getattr(cfg, "logit_scale", 1.0) in (None, 1.0)
-    groups, cur, longest = [], [], 0
-    for i in sorted(order, key=lambda j: len(prompts[j])):                                      # greedy groups within PREFILL_TOKENS padded tokens
-        if cur and (not plain_head or max(longest, len(prompts[i])) * (len(cur) + 1) > PREFILL_TOKENS):
-            groups.append(cur)
-            cur, longest = [], 0
-        cur.append(i)
-        longest = max(longest, len(prompts[i]))
-    if cur:
-        groups.append(cur)
+    order = sorted(order, key=lambda j: len(prompts[j]))
+    groups = [[order[k] for k in g] for g in length_groups([len(prompts[i]) for i in order],
+                                                           len(order) if plain_head else 1, PREFILL_TOKENS)]
     slot = 0
     for grp in groups:
         Ps = [len(prompts[i]) for i in grp]

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from pipeline.batch_generate import length_groups
 from pipeline.collect import CollectConfig, collect_prompt, collect_prompts, generate_continuations
 from pipeline.errors import DraftGymError
 from pipeline.schema import FAILURES, SCHEMA_VERSION, SEQUENCES, partition_parts, positions_schema, write_atomic
@@ -33,18 +34,6 @@ FAIL_PROMPT_ENV = "DRAFTGYM_FAIL_PROMPT"  # tests: comma-separated prompt ids th
 # Measured (BENCHMARKS.md I3): without these caps, one 2,585-token ShareGPT prompt in a batch of 64 made
 # all 64 rows attend over 2,600 keys and padded its group of 8 to 8 x 2,650 tokens.
 GROUP_PROMPTS, GROUP_TOKENS, GEN_TOKENS = 16, 4096, 32768
-
-
-def length_groups(lengths: list[int], max_items: int, max_tokens: int) -> list[list[int]]:
-    """Consecutive groups of indices (lengths sorted ascending) with at most max_items members and
-    members x the group's longest length <= max_tokens (a longer single item is a group alone)."""
-    groups, cur = [], []
-    for i, n in enumerate(lengths):
-        if cur and (len(cur) + 1 > max_items or (len(cur) + 1) * n > max_tokens):
-            groups.append(cur)
-            cur = []
-        cur.append(i)
-    return groups + ([cur] if cur else [])
 
 
 def prompt_hash(prompt_id: str) -> str:

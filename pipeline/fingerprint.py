@@ -11,8 +11,9 @@ import torch
 
 @lru_cache(maxsize=None)
 def _git_commit(here: str | None = None) -> str | None:
-    """The short commit of this checkout (or of the repository holding `here`), with '+dirty' when tracked files differ from it (so a run on
-    uncommitted code is never stamped with a commit that did not produce it); None outside git."""
+    """The short commit of this checkout (or of the repository holding `here`), with '+dirty' when
+    tracked files differ from it (so a run on uncommitted code is never stamped with a commit that did
+    not produce it); None outside git."""
     try:
         here = here or os.path.dirname(os.path.abspath(__file__))
         git = lambda *a: subprocess.run(["git", "-C", here, *a], capture_output=True, text=True, timeout=5)

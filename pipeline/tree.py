@@ -181,11 +181,6 @@ def level_stats(logits: torch.Tensor, k: int, rows: int = STATS_ROWS):
     return top_logp.view(*lead, k), top_ids.view(*lead, k), ent.neg_().view(lead)
 
 
-def entropy(logp: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of distributions given as log-probs over the last dim."""
-    return -(logp.exp() * logp).sum(-1)
-
-
 def log_softmax32(logits: torch.Tensor) -> torch.Tensor:
     """fp32 log-probs of (bf16 / fp16 / fp32) logits. `dtype=` casts inside the kernel: the same
     numbers as log_softmax(logits.float()) (checked bit for bit in bf16 and fp32), without

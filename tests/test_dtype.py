@@ -199,10 +199,10 @@ def test_log_softmax32_equals_the_upcast_path():
 
 def test_level_stats_equals_log_softmax_topk_entropy():
     """pipeline.tree.level_stats (chunked, buffers reused) gives bit for bit the top-k log-probs, ids
-    and entropies of log_softmax32 -> topk and entropy() on the whole tensor, in bf16, fp16 and
-    fp32, for the online shapes ([1, Vd], [1, W, Vd]) and collection's ([64, W, Vd]), whatever the
+    and entropies of log_softmax32 -> topk and -(exp(logp) * logp).sum(-1) on the whole tensor, in
+    bf16, fp16 and fp32, for the online shapes ([1, Vd], [1, W, Vd]) and collection's ([64, W, Vd]), whatever the
     chunk size. A wrong chunk boundary or a buffer reused across rows would break equality."""
-    from pipeline.tree import entropy, level_stats, log_softmax32
+    from pipeline.tree import level_stats, log_softmax32
 
     g = torch.Generator().manual_seed(1)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
@@ -211,7 +211,7 @@ def test_level_stats_equals_log_softmax_topk_entropy():
             x.view(-1, shape[-1])[0, :12] = x.view(-1, shape[-1])[0, 12]      # ties inside the top-k
             logp = log_softmax32(x)
             ref_v, ref_i = logp.topk(10, dim=-1)
-            ref_h = entropy(logp)
+            ref_h = -(logp.exp() * logp).sum(-1)                       # entropy in nats, as before level_stats
             for rows in (1, 7, 16, 1000):
                 v, i, h = level_stats(x, 10, rows=rows)
                 assert v.shape == ref_v.shape and h.shape == ref_h.shape, (dt, shape)
