@@ -252,6 +252,8 @@ def _run_collect_cli(args) -> int:
         raise DraftGymError("--max-depth must be >= 1")
     if args.prompt_batch < 1:
         raise DraftGymError(f"--prompt-batch must be >= 1, got {args.prompt_batch}")
+    if args.position_batch < 1:
+        raise DraftGymError(f"--position-batch must be >= 1, got {args.position_batch}")
     check_actor_options(args.num_actors, args.num_gpus, args.cpus_per_actor)
     store = resolve_out(args.out)
     cfg = CollectConfig(model=args.model, head=args.head, dtype=resolve_dtype_name(args.dtype, args.device),

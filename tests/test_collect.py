@@ -377,6 +377,15 @@ def test_bad_out_uri_is_one_line(capsys):
         assert rc == 2 and err.startswith(f"draftgym: error: {msg}") and err.count("\n") == 1
 
 
+def test_bad_batch_sizes_are_one_line(tmp_path, capsys):
+    """--position-batch / --prompt-batch below 1 fail up front in one line, before any model loads or
+    anything is written (a position batch of 0 used to fail every prompt inside the job)."""
+    for flag in ("--position-batch", "--prompt-batch"):
+        rc, _, err = _cli(["collect", "--head", "random", flag, "0", "--out", str(tmp_path / "x")], capsys)
+        assert rc == 2 and err == f"draftgym: error: {flag} must be >= 1, got 0\n"
+    assert not (tmp_path / "x").exists()
+
+
 def test_acceptance_distributions_batched_across_roots_equal_one_root_per_forward(monkeypatch):
     """The T > 0 distributions of many roots verified side by side in one forward (block-diagonal tree
     masks) equal those verified one root per forward (DIST_ROWS forcing one tree per forward)."""
