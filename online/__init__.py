@@ -1,0 +1,20 @@
+"""DraftGym online: real decoding with a policy in the loop, the `draftgym` CLI, the demo, benchmarks.
+
+    cli.py                    the `draftgym` command line (subcommands registered by each package)
+    controller_specs.py       a `--policy` spec as a controller for the real engine
+    policy_adapter.py         a simulator Policy inside the engine's controller hooks (batch 1)
+    policy_cost.py            `draftgym profile-policy`: what one call of a policy costs inside the engine
+    speedbench.py             Spec-Bench-style timing of decoding methods, with the lossless check
+    validate.py               `draftgym validate`: speedups, lossless, sim-vs-real on the real device
+    validate_report.py        validate's Markdown + PNG report
+    sim_vs_real.py            validate's sim-vs-real: replayed predictions against the measured cycles
+    validate_batch.py         `draftgym validate --batch-sizes`: every method at every batch size B
+    validate_batch_report.py  its Markdown report and tokens/s-against-B plot
+    demo.py                   `make demo`: the whole loop on the embedded default
+    gpu_check.py              `python -m online.gpu_check`: what a borrowed GPU checks, in one time budget
+    gpu_latency.py            the GPU check's latency step: AR, verify, draft and cycle times at batch 1 and B
+    gpu_validate.py           the GPU check's validate step: the shipped head on carried SmolLM2 weights
+    gpu_report.py             the GPU check's reports (gpu_report.md for BENCHMARKS.md, gpu_report.json)
+    carry.py                  large files split into checked parts and joined again (for offline machines)
+    bench/                    the benchmarks behind BENCHMARKS.md (`make bench`)
+"""

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from online.cli import main as draftgym
-from pipeline.head import DEFAULT_HEAD_DIR
+from pipeline.decode.head import DEFAULT_HEAD_DIR
 
 
 def main(argv=None) -> int:
@@ -43,9 +43,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-interleave", type=int, default=1, help="validate: profile rounds between the generations")
     ap.add_argument("--no-ray", action="store_true", help="collect in-process instead of as a Ray job")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="compute dtype of every step (default: bf16 on a GPU, pipeline.target.default_cpu_dtype on a CPU)")
+                    help="compute dtype of every step (default: bf16 on a GPU, pipeline.decode.target.default_cpu_dtype on a CPU)")
     args = ap.parse_args(argv)
-    from pipeline.target import resolve_dtype_name
+    from pipeline.decode.target import resolve_dtype_name
     dt = ["--dtype", resolve_dtype_name(args.dtype)]     # resolved once: every step uses the same dtype
     head = args.head or ("default" if (DEFAULT_HEAD_DIR / "config.json").is_file() else "random")
     out = Path(args.out)

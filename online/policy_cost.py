@@ -9,7 +9,7 @@ for each checkpoint, this command decodes a few prompts with the policy in the l
                                   sum(t_controller) / policy calls      (seconds per call)
 
 into the newest profile of `--logs` for this device (same profile_id, its own Parquet file), where
-`simulator.latency.LatencyModel.call_s` picks it up. Calls are counted as the replay counts them
+`simulator.latency_model.LatencyModel.call_s` picks it up. Calls are counted as the replay counts them
 (`simulator.replay.simulate`): the inferences plan() reports, one per continue_drafting() asked, one
 per verify_size() of a size policy. Observation building, plan() and observe() bookkeeping are all
 in t_controller, so the per-call figure carries them: the simulator's t_policy per cycle then equals
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from pipeline.cliargs import add_device_dtype, add_model_head, add_no_progress
 from pipeline.errors import DataError, DraftGymError
-from pipeline.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
+from pipeline.logs.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
 
 PROMPTS = ("Explain how a hash map works, step by step.",
            "Write a Python function that returns the n-th Fibonacci number.",
@@ -49,7 +49,7 @@ def newest_profile(logs: str, model: str, device: str) -> dict:
 
 def measure_policy_cost(engine, tokenizer, controller, n_tokens: int = 48, prompts=PROMPTS) -> list[float]:
     """Seconds per policy call, one figure per generation (after one warm-up generation)."""
-    from pipeline.target import encode_prompt
+    from pipeline.decode.target import encode_prompt
 
     ids = [encode_prompt(tokenizer, p) for p in prompts]
     engine.generate(ids[0], 8, controller=controller)
@@ -66,10 +66,10 @@ def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135
                        n_tokens: int = 48, device: str | None = None, progress: bool = True,
                        dtype: str | None = None) -> dict:
     """Load the checkpoints, the target and the head, then `profile_policies`."""
-    from pipeline.engine import Engine
-    from pipeline.generate import load_head_for
-    from pipeline.target import load_target
-    from simulator.checkpoint import load_checkpoint
+    from pipeline.decode.engine import Engine
+    from pipeline.decode.head import load_head_for
+    from pipeline.decode.target import load_target
+    from simulator.policies.checkpoint import load_checkpoint
 
     if not table_files(logs, "latency"):       # fail before loading any model
         raise DataError(f"no latency profile under {logs}/latency (run `draftgym profile` first)")
@@ -86,9 +86,9 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
     'policy:<latency_key>' row next to the newest profile of this device under `logs`."""
     from tqdm import tqdm
 
-    from pipeline.fingerprint import device_name, environment_fingerprint
-    from pipeline.profile import stats_of
-    from online.policy_controller import PolicyController
+    from pipeline.runtime.fingerprint import device_name, environment_fingerprint
+    from pipeline.profiling.profile import stats_of
+    from online.policy_adapter import PolicyController
 
     dev = engine.device
     base = newest_profile(logs, model, device_name(dev, engine.dtype))     # the name carries the dtype
@@ -105,7 +105,7 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
                      "dtype": base["dtype"], "op": f"policy:{key}", "width": 0, "verify_size": 0, "context_len": 0,
                      "batch": 1, **stats, "env_json": env})
         out[key] = stats["mean"]            # what the latency model charges (its default point: the mean)
-    # next to the profile's own file (pipeline.profile), so every latency reader finds it
+    # next to the profile's own file (pipeline.profiling.profile), so every latency reader finds it
     path = partition_dir(logs, "latency", model, "_profile", 0.0).parent.parent / \
         f"{base['profile_id']}-policies-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
     write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
@@ -128,22 +128,26 @@ def copy_policy_rows(logs: str, model: str, src_profile: str, dst_profile: str) 
     return len(rows)
 
 
-def add_profile_policy(sub) -> None:
-    p = sub.add_parser("profile-policy", help="time trained policies' controller calls in the engine, into the newest profile")
-    p.add_argument("--policy", action="append", required=True, help="checkpoint directory (repeatable)")
-    p.add_argument("--logs", default="data/logs", help="logs root holding the device's latency profile")
-    add_model_head(p)
-    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens decoded per timing generation")
-    add_device_dtype(p)
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    add_no_progress(p)
-    p.set_defaults(func=_cli)
+@dataclass
+class ProfilePolicyConfig:
+    """`draftgym profile-policy`: time trained policies' controller calls in the engine, into the newest
+    latency profile of this device under `logs`."""
+
+    policies: list[str] = field(default_factory=list)   # checkpoint directories (`draftgym train`'s --out)
+    logs: str = "data/logs"                # logs root holding the device's latency profile
+    model: str = "smollm2-135m"            # target: 'smollm2-135m' (embedded), a HF model directory or a hub id
+    head: str = "default"                  # EAGLE-3 head: 'default', 'random', a directory or a hub id
+    max_new_tokens: int = 48               # tokens decoded per timing generation
+    device: str | None = None              # None: cuda if present, else cpu
+    dtype: str | None = None               # None: the device's default (pipeline.decode.target.resolve_dtype_name)
+    as_json: bool = False                  # print the result as one JSON object
+    progress: bool = True                  # progress bars
 
 
-def _cli(args) -> int:
-    r = run_profile_policy(args.policy, args.logs, model=args.model, head_spec=args.head, n_tokens=args.max_new_tokens,
-                           device=args.device, dtype=args.dtype, progress=not args.no_progress)
-    if args.json:
+def run_profile_policy_command(cfg: ProfilePolicyConfig) -> int:
+    r = run_profile_policy(cfg.policies, cfg.logs, model=cfg.model, head_spec=cfg.head, n_tokens=cfg.max_new_tokens,
+                           device=cfg.device, dtype=cfg.dtype, progress=cfg.progress)
+    if cfg.as_json:
         print(json.dumps(r))
     else:
         for k, v in r["per_call_s"].items():

@@ -5,7 +5,7 @@ before each clock read (inside the engine). Per question: tokens/s = new tokens 
 run: the mean over questions. Reported: mean and std over runs. speedup(method) = mean tokens/s of
 the method / mean tokens/s of AR, with the same model, the same cache code and the same prompts.
 At T = 0 every output is compared with AR's and classified exact / near-tie / mismatch
-(pipeline/lossless.py: strict in fp32; in bf16 a divergence at a rounding near-tie is allowed).
+(pipeline/decode/lossless.py: strict in fp32; in bf16 a divergence at a rounding near-tie is allowed).
 Warm-up generations come first.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from pipeline.controller import Controller
-from pipeline.engine import Engine, GenerationResult
-from pipeline.lossless import classify
+from pipeline.decode.controller import Controller
+from pipeline.decode.engine import Engine, GenerationResult
+from pipeline.decode.lossless import classify
 
 
 @dataclass

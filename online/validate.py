@@ -27,38 +27,44 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
 
-from online.controllers import make_controller, policy_label
+from online.controller_specs import make_controller, policy_label
 from online.speedbench import run_methods, summarize
+from online.sim_vs_real import decode_tokens_per_s, sim_vs_real
 from online.validate_report import write_markdown
-from pipeline.cliargs import add_device_dtype, add_model_head, add_no_progress, add_split, parse_positive_ints
-from pipeline.controller import StaticController
-from pipeline.lossless import summarize_verdicts
+from pipeline.decode.controller import EAGLE3_DEFAULT_SHAPE, StaticController
+from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
-from pipeline.schema import CYCLES, SCHEMA_VERSION, partition_dir, write_atomic, write_json_atomic
+from pipeline.logs.schema import CYCLES, SCHEMA_VERSION, partition_dir, write_atomic
+from pipeline.runtime.atomic import atomic_write_json
 
-STATIC_DEFAULT = (8, 10, 60)
+if TYPE_CHECKING:
+    from simulator.latency_model import LatencyModel
+    from simulator.logs.load import ReplayLogs
 
 
 @dataclass
 class ValidateConfig:
-    model: str = "smollm2-135m"
-    head: str = "default"
-    policies: list[str] = field(default_factory=list)
-    datasets: list[str] = field(default_factory=lambda: ["mt-bench"])
-    split: str | None = "test"           # train | val | test | all; None: test for built-ins, all of a user's file
-    n_prompts: int = 5
-    temperature: float = 0.0
-    runs: int = 3
-    max_new_tokens: int = 128
-    seed: int = 0
+    """`draftgym validate`: the methods (AR, static, grid-best, `policies`) decoding the same prompts on
+    this device, the lossless check and the sim-vs-real comparison (module docstring)."""
+
+    model: str = "smollm2-135m"          # target: 'smollm2-135m' (embedded), a HF model directory or a hub id
+    head: str = "default"                # EAGLE-3 head: 'default', 'random', a directory or a hub id
+    policies: list[str] = field(default_factory=list)   # checkpoint dirs or built-in specs (simulator.policy_specs)
+    datasets: tuple = ("mt-bench",)      # built-in prompt sets or prompt files
+    split: str | None = None             # train | val | test | all; None: test for built-ins, all of a user's file
+    n_prompts: int = 5                   # first N prompts per dataset
+    temperature: float = 0.0             # 0 = greedy (outputs checked against AR); > 0 samples
+    runs: int = 3                        # Spec-Bench-style repeats (mean and std over runs)
+    max_new_tokens: int = 128            # tokens generated per prompt
+    seed: int = 0                        # sampling seed base (seed + 1000 * run + prompt index)
     logs: str | None = "data/logs"       # for grid-best and sim-vs-real (None: skip both)
-    out: str = "data/reports/validate"
-    device: str | None = None
-    dtype: str | None = None             # compute dtype (default: bf16 on a GPU, pipeline.target.default_cpu_dtype on a CPU)
+    out: str = "data/reports/validate"   # report folder (report.md, report.json, PNGs, cycles Parquet)
+    device: str | None = None            # None: cuda if present, else cpu
+    dtype: str | None = None             # compute dtype (default: bf16 on a GPU, pipeline.decode.target.default_cpu_dtype on a CPU)
     logs_dtype: str | None = None        # the acceptance logs' dtype, when not the decoding's (transfer: logs of one
                                          # setting, the profile and decoding of another); None: the decoding's
     profile_first: bool = False          # profile this device in situ right before decoding (see profile_first)
@@ -67,16 +73,55 @@ class ValidateConfig:
     profile_repeats: int = 8             # at least this many cycles per (V, context)
     profile_cycle_tokens: int = 16
     profile_interleave: int = 0          # further profile rounds spread between the generations (implies profile_first)
+    batch_sizes: tuple = ()              # () = the batch-1 validation above; (1, 4, 16): every method at each B
+                                         # with the batched engine (online/validate_batch.py)
+    shapes: tuple = ("tree:8,10,60", "chain:2", "chain:4")   # batch_sizes: the static shapes (besides AR),
+                                         # spelled off | chain:K | tree:D,W,V (simulator/serving/shapes.py)
+    schedule: str | None = None          # batch_sizes: a schedule JSON written by `draftgym tune`, run as one method
+    as_json: bool = False                # run_validate_command: print the report as one JSON object
+    progress: bool = True                # run_validate_command: progress bars
 
 
-def decode_tokens_per_s(res) -> float | None:
-    """Cycle-only throughput of one generation: sum(emitted) / sum(t_cycle). AR has no cycles: its
-    decode steps after the prefill's token, (new_tokens - 1) / (wall - prefill)."""
-    if res.method == "ar":
-        t = res.wall_s - res.prefill_s
-        return (res.new_tokens - 1) / t if t > 0 and res.new_tokens > 1 else None
-    t = sum(c.t_cycle for c in res.cycles)
-    return sum(c.emitted for c in res.cycles) / t if t > 0 else None
+@dataclass
+class SimSide:
+    """The simulator's side of a validation (with --logs): what grid-best and sim-vs-real replay."""
+
+    logs: ReplayLogs                      # the acceptance logs of the decoding's model and temperature
+    lat: LatencyModel                     # what grid-best and the online policies were chosen / built with
+    clock: LatencyModel                   # what sim-vs-real is timed with: `lat`, or the pooled profile of
+                                          # --profile-interleave
+    grid: dict                            # dataset -> grid-best static (D, W, V) on the tune split ("all": every dataset)
+    note: str | None = None               # why there is no sim-vs-real (T > 0 without logs at T), else None
+    local: dict = field(default_factory=dict)   # dataset -> (clock rescaled to the speed seen while it
+                                                # decoded, (factor, cells)); --profile-interleave only
+
+    def grid_best(self, ds: str) -> tuple:
+        return self.grid.get(ds, self.grid["all"])
+
+
+class InterleavedProfile:
+    """--profile-interleave: `rounds` further profile rounds spread over the decoding. Called after each
+    generation slot (a prompt decoded by every method: run_methods' `between` hook): after slot j of n
+    the sampler has run base + ceil(total * j / n) trees, so its samples cover the same stretch of time
+    as the decoding."""
+
+    def __init__(self, sampler, rounds: int, slots: int):
+        self.sampler = sampler
+        self.slots = slots                       # n = datasets x runs x prompts per dataset
+        self.total = rounds * len(sampler.jobs)  # trees to run over the decoding
+        self.base = sampler.done                 # trees run before it (the --profile-first round)
+        self.slots_done = 0
+
+    def __call__(self, *_) -> None:
+        self.slots_done += 1
+        want = self.base + -(-self.total * min(self.slots_done, self.slots) // self.slots)
+        if want > self.sampler.done:
+            self.sampler.step(want - self.sampler.done)
+
+    def finish(self) -> None:
+        """Run the trees the decoding left (fewer slots than planned: datasets shorter than n_prompts)."""
+        if self.sampler.done - self.base < self.total:
+            self.sampler.step(self.base + self.total - self.sampler.done)
 
 
 def cycle_rows(run_id: str, method: str, prompt_id: str, run: int, res, device: str) -> list[dict]:
@@ -92,11 +137,12 @@ def cycle_rows(run_id: str, method: str, prompt_id: str, run: int, res, device: 
 
 
 def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
-    from pipeline.datasets import load_prompts, resolve_split
-    from pipeline.engine import Engine
-    from pipeline.fingerprint import device_name, environment_fingerprint
-    from pipeline.generate import load_head_for
-    from pipeline.target import encode_prompt, load_target, resolve_dtype_name
+    """Every method decodes every dataset's prompts on this device; the report (report.json,
+    report.md, cycles Parquet) goes to cfg.out and is returned."""
+    from pipeline.decode.engine import Engine
+    from pipeline.decode.head import load_head_for
+    from pipeline.decode.target import load_target, resolve_dtype_name
+    from pipeline.runtime.fingerprint import device_name, environment_fingerprint
 
     out = Path(cfg.out)
     t_start = time.perf_counter()
@@ -104,31 +150,8 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     # the logs too, unless --logs-dtype says otherwise: acceptance moves little between dtypes (near-ties),
     # the clock moves a lot, so logs of one dtype with a profile of another is the transfer setting
     logs_dtype = resolve_dtype_name(cfg.logs_dtype, cfg.device) if cfg.logs_dtype else dtype
-    # every prompt set first: a bad dataset or split fails before any model loads or profiling starts
-    prompt_sets = {}
-    for ds in cfg.datasets:
-        split = resolve_split(ds, cfg.split)
-        prompt_sets[ds] = load_prompts(ds, split=split, n=cfg.n_prompts)
-        if not prompt_sets[ds]:
-            raise DraftGymError(f"no prompts in {ds}" + (f" split {split}" if split else ""))
-    # acceptance logs first: a bad --logs fails before the model loads
-    logs = sim_note = None
-    if cfg.logs:
-        from simulator.logs import load_logs
-
-        try:
-            logs = load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, widths="all", dtype=logs_dtype)
-        except DataError as e:
-            if cfg.temperature <= 0 or "temperature" not in str(e):
-                raise
-            # T > 0 without logs at this T: grid-best still comes from the greedy logs (acceptance at
-            # T > 0 is what the sampled rule gives, so this choice is an approximation), and there is
-            # no sim-vs-real (the replay needs logs at the decoding temperature).
-            logs = load_logs(cfg.logs, model=cfg.model, temperature=0.0, widths="all", dtype=logs_dtype)
-            sim_note = (f"no logs at temperature {cfg.temperature:g} in {cfg.logs}: grid-best tuned on the T = 0 logs; "
-                        f"no sim-vs-real (collect with --temperature {cfg.temperature:g} for it)")
-    elif cfg.profile_first or cfg.profile_interleave:
-        raise DraftGymError("--profile-first needs --logs (the acceptance logs the simulator replays)")
+    prompt_sets = load_prompt_sets(cfg)                # a bad dataset or split fails before any model loads,
+    logs, note = load_acceptance_logs(cfg, logs_dtype)  # and so does a bad --logs
 
     target = load_target(cfg.model, device=cfg.device, dtype=dtype)
     head = load_head_for(cfg.head, target.model, cfg.seed)
@@ -142,101 +165,158 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     if len(set(labels)) != len(labels):
         raise DraftGymError(f"policy names repeat: {labels}")
 
-    # simulator side: this device's latency profile (fresh with --profile-first), grid-best configs
-    sim = None
+    sim = interleave = None
     if logs is not None:
-        from simulator import baselines as B
-        from simulator.evaluate import pick_tune_split
-        from simulator.latency import LatencyModel
-
-        lat_root = cfg.logs
-        if cfg.profile_first or cfg.profile_interleave:
-            report["profile_first"], sampler = profile_first(cfg, engine, target.tokenizer, out, progress)
-            lat_root = str(out)
-        lat = LatencyModel.from_logs(lat_root, model=logs.model, device=dev, dtype=dtype)
-        report["latency_profile"] = {"root": lat_root, "profile_id": lat.meta.get("profile_id")}
-        tune = logs.select(pick_tune_split(logs, resolve_split(cfg.datasets[0], cfg.split) or "test", "auto"))
-        gs = B.grid_search(tune, lat)["by_dataset"]
-        # lat: what grid-best and the online policies were chosen / built with; clock: what the
-        # simulator's sim-vs-real prediction is timed with (the interleaved profile, when there is one)
-        sim = {"logs": logs, "lat": lat, "clock": lat, "grid": {d: tuple(v["config"]) for d, v in gs.items()},
-               "note": sim_note}
-    if cfg.profile_interleave and sim:
-        # profile rounds spread over the decoding: after generation slot j of n, the sampler has run
-        # ceil(total * (j + 1) / n) trees, so its samples cover the same stretch of time as the decoding
-        n_slots = len(cfg.datasets) * cfg.runs * cfg.n_prompts
-        total = cfg.profile_interleave * len(sampler.jobs)
-        slot = [0]
-        base = sampler.done
-
-        def between(*_):
-            slot[0] += 1
-            want = base + -(-total * min(slot[0], n_slots) // n_slots)
-            if want > sampler.done:
-                sampler.step(want - sampler.done)
-    else:
-        between = None
-
-    pending = []
+        sim, interleave = simulator_side(cfg, logs, note, engine, target.tokenizer, dev, dtype, report, progress)
+    pending = []                                     # (entry, records, runs) of the datasets sim-vs-real compares
     for ds in cfg.datasets:
-        recs = prompt_sets[ds]
-        prompts = [encode_prompt(target.tokenizer, list(r.messages)) for r in recs]
-        if between is not None:
-            sampler.segment = ds        # the profile samples taken while this dataset decodes
-        methods = {"ar": None, "static": StaticController(*STATIC_DEFAULT)}
-        if sim:
-            methods["grid-best"] = StaticController(*sim["grid"].get(ds, sim["grid"]["all"]))
-        for spec, label in zip(cfg.policies, labels):
-            methods[label] = make_controller(spec, logs=sim and sim["logs"], latency=sim and sim["lat"])
-        runs, verdicts = run_methods(engine, prompts, methods, cfg.max_new_tokens, cfg.temperature, cfg.runs,
-                                     cfg.seed, progress=progress, between=between)
-        rows = [row for name, m in runs.items() if name != "ar" for r, run in enumerate(m.results)
-                for rec, res in zip(recs, run) for row in cycle_rows(run_id, name, rec.prompt_id, r, res, dev)]
-        if rows:
-            path = partition_dir(out, "cycles", cfg.model, ds, cfg.temperature) / f"{run_id}.parquet"
-            write_atomic(pa.Table.from_pylist(rows, schema=CYCLES), path, "cycles")
-        summ = summarize(runs, baselines=("ar", "static") + (("grid-best",) if sim else ()))
-        for name, m in runs.items():
-            if name != "ar" and cfg.temperature <= 0:
-                summ[name]["lossless"] = summarize_verdicts([v for n, _, _, v in verdicts if n == name])["counts"]
-            dec = [decode_tokens_per_s(res) for run in m.results for res in run]
-            dec = [d for d in dec if d is not None]
-            summ[name]["decode_tokens_per_s"] = statistics.mean(dec) if dec else None
-        lossless = summarize_verdicts([v for *_, v in verdicts])
-        entry = {"prompts": [r.prompt_id for r in recs], "methods": summ,
-                 "lossless": cfg.temperature > 0 or lossless["ok"], "lossless_checked": cfg.temperature <= 0,
-                 "lossless_counts": lossless["counts"] if cfg.temperature <= 0 else None,
-                 "divergences": [{"method": n, "run": r, "prompt_id": recs[i].prompt_id, **v.to_dict()}
-                                 for n, r, i, v in verdicts if v.status != "exact"]}
-        if sim:
-            entry["grid_best"] = list(sim["grid"].get(ds, sim["grid"]["all"]))
-            pending.append((entry, recs, runs))
+        entry, runs = validate_dataset(cfg, ds, prompt_sets[ds], engine, target.tokenizer, sim, labels, interleave,
+                                       run_id, dev, progress)
         report["datasets"][ds] = entry
-    if cfg.profile_interleave and sim:
-        t0 = time.perf_counter()
-        sampler.segment = "after"
-        if sampler.done - base < total:               # fewer slots than planned (short datasets)
-            sampler.step(base + total - sampler.done)
-        info = sampler.write(str(out))
-        from online.policy_cost import copy_policy_rows
-        copy_policy_rows(str(out), cfg.model, report["profile_first"]["profile_id"], info["profile_id"])
-        sim["clock"] = LatencyModel.from_logs(str(out), model=logs.model, device=dev, profile=info["profile_id"],
-                                              dtype=dtype)
-        # drift: each dataset's clock is the pooled profile rescaled by the speed the profile's own
-        # samples saw while that dataset decoded (LatencyModel.scaled); the pooled clock's error stays
-        # in the report as a second column
-        sim["local"] = {ds: (sim["clock"].scaled(sf[0]), sf) for ds in cfg.datasets
-                        if (sf := sampler.speed_factor(ds)) is not None}
-        report["profile_interleave"] = {"profile_id": info["profile_id"], "rounds": info["rounds"],
-                                        "trees": info["trees"], "final_s": time.perf_counter() - t0}
-        report["latency_profile"] = {"root": str(out), "profile_id": info["profile_id"]}
+        if sim:
+            pending.append((entry, prompt_sets[ds], runs))
+    if interleave is not None:
+        pool_interleaved_profile(cfg, sim, interleave, report, dev, dtype)
     for entry, recs, runs in pending:                # after all decoding: the clock may be the pooled profile
-        entry["sim_vs_real"] = ({"note": sim["note"]} if sim["note"] else sim_vs_real(cfg, sim, recs, runs, labels))
+        entry["sim_vs_real"] = {"note": sim.note} if sim.note else sim_vs_real(cfg, sim, recs, runs, labels)
     report["wall_s"] = time.perf_counter() - t_start
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(report, out / "report.json")
+    atomic_write_json(report, out / "report.json")
     write_markdown(report, out)
     return report
+
+
+def load_prompt_sets(cfg: ValidateConfig) -> dict:
+    """{dataset: the first n_prompts records of its split}; an empty set is a one-line error."""
+    from pipeline.datasets import load_prompts, resolve_split
+
+    prompt_sets = {}
+    for ds in cfg.datasets:
+        split = resolve_split(ds, cfg.split)
+        prompt_sets[ds] = load_prompts(ds, split=split, n=cfg.n_prompts)
+        if not prompt_sets[ds]:
+            raise DraftGymError(f"no prompts in {ds}" + (f" split {split}" if split else ""))
+    return prompt_sets
+
+
+def load_acceptance_logs(cfg: ValidateConfig, logs_dtype: str):
+    """(the acceptance logs for grid-best and sim-vs-real, or None without --logs; a note when there is
+    no sim-vs-real)."""
+    if not cfg.logs:
+        if cfg.profile_first or cfg.profile_interleave:
+            raise DraftGymError("--profile-first needs --logs (the acceptance logs the simulator replays)")
+        return None, None
+    from simulator.logs.load import load_logs
+
+    try:
+        return _with_default_width(load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, widths="all",
+                                             dtype=logs_dtype), cfg.logs), None
+    except DataError as e:
+        if cfg.temperature <= 0 or "temperature" not in str(e):
+            raise
+    # T > 0 without logs at this T: grid-best still comes from the greedy logs (acceptance at
+    # T > 0 is what the sampled rule gives, so this choice is an approximation), and there is
+    # no sim-vs-real (the replay needs logs at the decoding temperature).
+    logs = _with_default_width(load_logs(cfg.logs, model=cfg.model, temperature=0.0, widths="all", dtype=logs_dtype),
+                               cfg.logs)
+    return logs, (f"no logs at temperature {cfg.temperature:g} in {cfg.logs}: grid-best tuned on the T = 0 logs; "
+                  f"no sim-vs-real (collect with --temperature {cfg.temperature:g} for it)")
+
+
+def _with_default_width(logs, root):
+    """The logs, if they hold the static default's width (its sim-vs-real row replays it); else one line,
+    before anything is decoded."""
+    W = EAGLE3_DEFAULT_SHAPE[1]
+    if W not in logs.widths:
+        raise DataError(f"{root}: the logs hold widths {list(logs.widths)}, but validate replays the static default "
+                        f"{EAGLE3_DEFAULT_SHAPE} at width {W}: collect with --widths {W}")
+    return logs
+
+
+def simulator_side(cfg: ValidateConfig, logs, note, engine, tokenizer, dev: str, dtype: str, report: dict,
+                   progress: bool):
+    """(SimSide, InterleavedProfile or None): this device's latency profile (fresh with --profile-first,
+    recorded in `report`) and the grid-best configs it picks on the tune split."""
+    from pipeline.datasets import resolve_split
+    from simulator import baselines as B
+    from simulator.evaluate import pick_tune_split
+    from simulator.latency_model import LatencyModel
+
+    lat_root, interleave = cfg.logs, None
+    if cfg.profile_first or cfg.profile_interleave:
+        report["profile_first"], sampler = profile_first(cfg, engine, tokenizer, Path(cfg.out), progress)
+        lat_root = cfg.out
+        if cfg.profile_interleave:
+            interleave = InterleavedProfile(sampler, cfg.profile_interleave,
+                                            len(cfg.datasets) * cfg.runs * cfg.n_prompts)
+    lat = LatencyModel.from_logs(lat_root, model=logs.model, device=dev, dtype=dtype)
+    report["latency_profile"] = {"root": str(lat_root), "profile_id": lat.meta.get("profile_id")}
+    tune = logs.select(pick_tune_split(logs, resolve_split(cfg.datasets[0], cfg.split) or "test", "auto"))
+    grid = {d: tuple(v["config"]) for d, v in B.grid_search(tune, lat)["by_dataset"].items()}
+    return SimSide(logs=logs, lat=lat, clock=lat, grid=grid, note=note), interleave
+
+
+def validate_dataset(cfg: ValidateConfig, ds: str, recs, engine, tokenizer, sim: SimSide | None, labels,
+                     interleave: InterleavedProfile | None, run_id: str, dev: str, progress: bool):
+    """Every method decodes `recs` (cfg.runs times, methods interleaved per prompt); the cycles go to
+    Parquet. Returns (the report entry of this dataset, the runs per method)."""
+    from pipeline.decode.target import encode_prompt
+
+    prompts = [encode_prompt(tokenizer, list(r.messages)) for r in recs]
+    if interleave is not None:
+        interleave.sampler.segment = ds              # the profile samples taken while this dataset decodes
+    methods = {"ar": None, "static": StaticController(*EAGLE3_DEFAULT_SHAPE)}
+    if sim:
+        methods["grid-best"] = StaticController(*sim.grid_best(ds))
+    for spec, label in zip(cfg.policies, labels):
+        methods[label] = make_controller(spec, logs=sim and sim.logs, latency=sim and sim.lat)
+    runs, verdicts = run_methods(engine, prompts, methods, cfg.max_new_tokens, cfg.temperature, cfg.runs,
+                                 cfg.seed, progress=progress, between=interleave)
+    rows = [row for name, m in runs.items() if name != "ar" for r, run in enumerate(m.results)
+            for rec, res in zip(recs, run) for row in cycle_rows(run_id, name, rec.prompt_id, r, res, dev)]
+    if rows:
+        path = partition_dir(cfg.out, "cycles", cfg.model, ds, cfg.temperature) / f"{run_id}.parquet"
+        write_atomic(pa.Table.from_pylist(rows, schema=CYCLES), path, "cycles")
+    summ = summarize(runs, baselines=("ar", "static") + (("grid-best",) if sim else ()))
+    for name, m in runs.items():
+        if name != "ar" and cfg.temperature <= 0:
+            summ[name]["lossless"] = summarize_verdicts([v for n, _, _, v in verdicts if n == name])["counts"]
+        dec = [decode_tokens_per_s(res) for run in m.results for res in run]
+        dec = [d for d in dec if d is not None]
+        summ[name]["decode_tokens_per_s"] = statistics.mean(dec) if dec else None
+    lossless = summarize_verdicts([v for *_, v in verdicts])
+    entry = {"prompts": [r.prompt_id for r in recs], "methods": summ,
+             "lossless": cfg.temperature > 0 or lossless["ok"], "lossless_checked": cfg.temperature <= 0,
+             "lossless_counts": lossless["counts"] if cfg.temperature <= 0 else None,
+             "divergences": [{"method": n, "run": r, "prompt_id": recs[i].prompt_id, **v.to_dict()}
+                             for n, r, i, v in verdicts if v.status != "exact"]}
+    if sim:
+        entry["grid_best"] = list(sim.grid_best(ds))
+    return entry, runs
+
+
+def pool_interleaved_profile(cfg: ValidateConfig, sim: SimSide, interleave: InterleavedProfile, report: dict,
+                             dev: str, dtype: str) -> None:
+    """After the decoding: the interleaved rounds written as one pooled profile, which becomes the
+    sim-vs-real clock, and per dataset that clock rescaled by the speed the profile's own samples saw
+    while the dataset decoded (LatencyModel.scaled); the pooled clock's error stays in the report as a
+    second column."""
+    from online.policy_cost import copy_policy_rows
+    from simulator.latency_model import LatencyModel
+
+    t0 = time.perf_counter()
+    sampler = interleave.sampler
+    sampler.segment = "after"
+    interleave.finish()
+    info = sampler.write(cfg.out)
+    copy_policy_rows(cfg.out, cfg.model, report["profile_first"]["profile_id"], info["profile_id"])
+    sim.clock = LatencyModel.from_logs(cfg.out, model=sim.logs.model, device=dev, profile=info["profile_id"],
+                                       dtype=dtype)
+    sim.local = {ds: (sim.clock.scaled(sf[0]), sf) for ds in cfg.datasets
+                 if (sf := sampler.speed_factor(ds)) is not None}
+    report["profile_interleave"] = {"profile_id": info["profile_id"], "rounds": info["rounds"],
+                                    "trees": info["trees"], "final_s": time.perf_counter() - t0}
+    report["latency_profile"] = {"root": cfg.out, "profile_id": info["profile_id"]}
 
 
 def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: bool = True):
@@ -246,8 +326,9 @@ def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: b
     state mis-predicts every method by that ratio (BENCHMARKS.md, E2). Returns (info, the sampler,
     whose further rounds `--profile-interleave` spreads over the decoding)."""
     from online.policy_cost import profile_policies
-    from pipeline.profile import InSituSampler
-    from simulator.checkpoint import load_checkpoint
+    from pipeline.profiling.profile import InSituSampler
+    from simulator.policies.checkpoint import load_checkpoint
+    from simulator.policy_specs import CHECKPOINT, parse_spec
 
     t0 = time.perf_counter()
     sampler = InSituSampler(engine, tokenizer, cfg.model, verify_sizes=cfg.profile_verify_sizes,
@@ -255,154 +336,44 @@ def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: b
                             cycle_tokens=cfg.profile_cycle_tokens)
     sampler.run_round(progress)
     info = sampler.write(str(out))
-    ckpts = [(spec, load_checkpoint(spec)) for spec in cfg.policies if Path(spec).is_dir()]
+    ckpts = [(spec, load_checkpoint(spec)) for spec in cfg.policies if parse_spec(spec)[0] == CHECKPOINT]
     if ckpts:
         profile_policies(engine, tokenizer, ckpts, str(out), cfg.model, progress=progress)
     return ({"profile_id": info["profile_id"], "path": info["path"], "policies_timed": len(ckpts),
              "wall_s": time.perf_counter() - t0}, sampler)
 
 
-def sim_vs_real(cfg: ValidateConfig, sim: dict, recs, runs, labels) -> dict:
-    """Simulator predictions for the same prompts and policies vs the measured cycles.
+def check_config(cfg: ValidateConfig) -> None:
+    """The settings `draftgym validate` refuses up front, in one line, before any model loads."""
+    from simulator.policy_specs import parse_spec
 
-    Also the AR row: the simulator's AR (t_ar per token) against measured AR decoding. Its error is
-    the profile's view of this machine's speed against the speed during this validation, so
-    `machine_speed_factor` = real AR decode tokens/s / simulated, and every method's
-    `tokens_per_s_rel_error_ar_anchored` is its error after the simulated tokens/s are scaled by
-    that factor (equivalently: the error of the predicted speedup vs AR). A diagnostic: the raw
-    error is the one the issue's <= 10 % target is about.
-
-    With --profile-interleave the clock is time-local: the pooled profile rescaled by the speed its
-    own samples saw while this dataset decoded (`profile_speed_factor`; never fitted to the decoding
-    being predicted). `tokens_per_s_rel_error_pooled` keeps the error of the unscaled pooled profile."""
-    from simulator import baselines as B
-    from simulator.checkpoint import load_policy
-    from simulator.replay import autoregressive, simulate
-
-    logs, lat, pooled = sim["logs"], sim["lat"], sim["clock"]
-    local = sim.get("local", {}).get(recs[0].dataset)
-    clock = local[0] if local else pooled        # time-local when --profile-interleave sampled this dataset
-    ids = [r.prompt_id for r in recs]
-    keep = np.isin(logs.prompt_id, ids)
-    missing = sorted(set(ids) - set(logs.prompt_id[keep].tolist()))
-    if not keep.any():
-        return {"note": f"no logged sequences for these prompts in {cfg.logs} (collect them first)"}
-    ev = logs.subset(keep)
-    order = [ids.index(p) for p in ev.prompt_id.tolist()]         # log row -> prompt index
-    ds = recs[0].dataset
-    pols = {"static": B.StaticPolicy(*STATIC_DEFAULT), "grid-best": B.StaticPolicy(*sim["grid"].get(ds, sim["grid"]["all"]))}
-    for spec, label in zip(cfg.policies, labels):
-        pols[label] = load_policy(spec, logs=ev, latency=lat)
-
-    def real_decode(m):          # per logged prompt: mean over runs of the decode tokens/s
-        return [statistics.mean(d for run in m.results if (d := decode_tokens_per_s(run[i])) is not None)
-                for i in order]
-
-    ar_sim = autoregressive(ev, clock).tokens_per_s
-    ar_real = real_decode(runs["ar"])
-    speed = float(np.mean(ar_real) / np.mean(ar_sim))       # > 1: the machine ran faster than profiled
-    out = {"missing_prompts": missing, "machine_speed_factor": speed,
-           "profile_speed_factor": {"factor": local[1][0], "cells": local[1][1]} if local else None,
-           "ar": {"sim_decode_tokens_per_s": float(np.mean(ar_sim)), "real_decode_tokens_per_s": float(np.mean(ar_real)),
-                  "tokens_per_s_rel_error": float((np.mean(ar_sim) - np.mean(ar_real)) / np.mean(ar_real))},
-           "methods": {}}
-    if local:
-        ar_pooled = autoregressive(ev, pooled).tokens_per_s
-        out["ar"]["tokens_per_s_rel_error_pooled"] = float((np.mean(ar_pooled) - np.mean(ar_real)) / np.mean(ar_real))
-    for name, pol in pols.items():
-        res = simulate(pol, ev, clock)          # the policy as built online (lat), timed by the clock
-        m = runs[name]
-        real_tau = m.tau(order)
-        real_dec = real_decode(m)
-        sim_tau = float(res.tokens.sum() / max(res.cycles.sum(), 1))
-        sim_dec = res.tokens_per_s.tolist()
-        err = lambda scale: float((scale * np.mean(sim_dec) - np.mean(real_dec)) / np.mean(real_dec))
-        out["methods"][name] = {
-            "sim_tau": sim_tau, "real_tau": real_tau, "tau_rel_error": (sim_tau - real_tau) / real_tau if real_tau else None,
-            "sim_decode_tokens_per_s": float(np.mean(sim_dec)), "real_decode_tokens_per_s": float(np.mean(real_dec)),
-            "tokens_per_s_rel_error": err(1.0), "tokens_per_s_rel_error_ar_anchored": err(speed),
-            "per_prompt": [{"prompt_id": ev.prompt_id[i], "sim": sim_dec[i], "real": real_dec[i]} for i in range(len(order))],
-            "per_cycle_ms": per_cycle_components(res, m, order)}
-        if local:
-            pooled_dec = float(np.mean(simulate(pol, ev, pooled).tokens_per_s))
-            out["methods"][name]["tokens_per_s_rel_error_pooled"] = float((pooled_dec - np.mean(real_dec)) / np.mean(real_dec))
-    return out
-
-
-def per_cycle_components(res, m, order) -> dict:
-    """Mean per-cycle time components (ms), simulated vs measured: where a tokens/s error comes from."""
-    cyc = [c for run in m.results for i in order for c in run[i].cycles]
-    n_sim = max(int(res.cycles.sum()), 1)
-    real = {"draft": np.mean([c.t_draft for c in cyc]), "verify": np.mean([c.t_verify for c in cyc]),
-            "policy": np.mean([c.t_controller for c in cyc]),
-            "overhead": np.mean([c.t_cycle - c.t_draft - c.t_verify - c.t_controller for c in cyc])} if cyc else {}
-    simc = {k: float(res.components[f"t_{k}"].sum() / n_sim) for k in ("draft", "verify", "policy", "overhead")
-            if f"t_{k}" in res.components}
-    return {"sim": {k: 1e3 * v for k, v in simc.items()}, "real": {k: 1e3 * float(v) for k, v in real.items()}}
-
-
-def add_validate(sub) -> None:
-    p = sub.add_parser("validate", help="run policies in the loop on this device; speedup, lossless, sim-vs-real report")
-    add_model_head(p)
-    p.add_argument("--policy", action="append", default=[], help="checkpoint dir or built-in spec (repeatable)")
-    p.add_argument("--dataset", default="mt-bench", help="comma-separated datasets")
-    add_split(p)
-    p.add_argument("--n-prompts", type=int, default=5, help="first N prompts per dataset")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs checked against AR); > 0 samples")
-    p.add_argument("--runs", type=int, default=3, help="Spec-Bench-style repeats (mean and std over runs)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed base (seed + 1000 * run + prompt index)")
-    p.add_argument("--logs", default="data/logs", help="logs for grid-best + sim-vs-real ('' to skip)")
-    add_device_dtype(p)
-    p.add_argument("--logs-dtype", default=None, choices=("float32", "bfloat16", "float16", "fp32", "bf16", "fp16"),
-                   help="dtype of the --logs acceptance logs when it is not --dtype (hardware transfer: logs collected in "
-                        "one dtype replayed with this device's profile; sim-vs-real then shows what that costs) "
-                        "(default: --dtype)")
-    p.add_argument("--out", default="data/reports/validate", help="report folder (report.md, report.json, PNGs, cycles Parquet)")
-    p.add_argument("--profile-first", action="store_true",
-                   help="profile this device in situ (and each checkpoint's controller cost) into OUT right before "
-                        "decoding; grid-best and sim-vs-real then use that profile")
-    p.add_argument("--profile-verify-sizes", default=",".join(map(str, ValidateConfig.profile_verify_sizes)), help="--profile-first: V values")
-    p.add_argument("--profile-contexts", default=",".join(map(str, ValidateConfig.profile_contexts)), help="--profile-first: context lengths")
-    p.add_argument("--profile-repeats", type=int, default=ValidateConfig.profile_repeats, help="--profile-first: at least this many cycles per (V, context)")
-    p.add_argument("--profile-interleave", type=int, default=0, metavar="ROUNDS",
-                   help="ROUNDS further profile rounds spread between the generations (implies --profile-first); "
-                        "sim-vs-real is then timed with the profile pooled over all rounds (which samples the same "
-                        "machine states as the decoding), rescaled per dataset by the speed its samples saw while "
-                        "that dataset decoded")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    add_no_progress(p)
-    p.set_defaults(func=_run_validate_cli)
-
-
-def _run_validate_cli(args) -> int:
-
-    if args.temperature < 0:
-        raise DraftGymError(f"temperature must be >= 0, got {args.temperature}")
-    if args.runs < 1 or args.n_prompts < 1:
+    if cfg.temperature < 0:
+        raise DraftGymError(f"temperature must be >= 0, got {cfg.temperature}")
+    if cfg.runs < 1 or cfg.n_prompts < 1:
         raise DraftGymError("--runs and --n-prompts must be >= 1")
-    if args.profile_interleave < 0:
-        raise DraftGymError(f"--profile-interleave must be >= 0, got {args.profile_interleave}")
-    if (args.profile_first or args.profile_interleave) and not args.logs:
+    if cfg.profile_interleave < 0:
+        raise DraftGymError(f"--profile-interleave must be >= 0, got {cfg.profile_interleave}")
+    if (cfg.profile_first or cfg.profile_interleave) and not cfg.logs:
         raise DraftGymError("--profile-first needs --logs (the acceptance logs the simulator replays)")
-    for spec in args.policy:
-        if not spec.startswith(("static:", "ddd", "entropy", "goodput", "random", "oracle")) and not Path(spec).is_dir():
-            raise DraftGymError(f"policy not found: {spec} (a directory from `draftgym train`, or a built-in spec)")
-    if args.logs and not Path(args.logs).is_dir():
-        raise DraftGymError(f"logs directory not found: {args.logs} (pass --logs '' to skip grid-best and sim-vs-real)")
-    cfg = ValidateConfig(model=args.model, head=args.head, policies=args.policy, datasets=args.dataset.split(","),
-                         split=args.split, n_prompts=args.n_prompts, temperature=args.temperature, runs=args.runs,
-                         max_new_tokens=args.max_new_tokens, seed=args.seed, logs=args.logs or None, out=args.out,
-                         device=args.device, dtype=args.dtype, logs_dtype=args.logs_dtype,
-                         profile_first=args.profile_first,
-                         profile_verify_sizes=parse_positive_ints(args.profile_verify_sizes, "--profile-verify-sizes"),
-                         profile_contexts=parse_positive_ints(args.profile_contexts, "--profile-contexts"),
-                         profile_repeats=args.profile_repeats, profile_interleave=args.profile_interleave)
-    rep = run_validate(cfg, progress=not args.no_progress)
-    if args.json:
+    for spec in cfg.policies:
+        parse_spec(spec)                 # an unknown spec or a missing checkpoint directory: one line
+    if cfg.logs and not Path(cfg.logs).is_dir():
+        raise DraftGymError(f"logs directory not found: {cfg.logs} (pass --logs '' to skip grid-best and sim-vs-real)")
+
+
+def run_validate_command(cfg: ValidateConfig) -> int:
+    """`draftgym validate`: check the settings, `run_validate`, print the report. Exit status 1 when
+    an output at T = 0 was not lossless."""
+    check_config(cfg)
+    return print_report(cfg, run_validate(cfg, progress=cfg.progress))
+
+
+def print_report(cfg: ValidateConfig, rep: dict) -> int:
+    """Print the report (JSON with --json, else report.md) and return the exit status: 1 when an
+    output at T = 0 was not lossless."""
+    if cfg.as_json:
         print(json.dumps(rep, default=str))
     else:
         print((Path(cfg.out) / "report.md").read_text())
         print(f"report: {Path(cfg.out) / 'report.md'}")
-    ok = all(e["lossless"] for e in rep["datasets"].values())
-    return 0 if ok else 1
+    return 0 if all(e["lossless"] for e in rep["datasets"].values()) else 1

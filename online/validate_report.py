@@ -40,7 +40,7 @@ def write_markdown(rep: dict, out: Path) -> None:
                   + (f"; grid-best static (D, W, V) = {tuple(e['grid_best'])}" if "grid_best" in e else ""), ""]
         if e.get("divergences"):
             lines += [f"Divergences from AR in {rep.get('dtype', '?')} (near-tie: at the first differing token k the AR "
-                      "logits of the two tokens are within the dtype's rounding tolerance; pipeline/lossless.py):", "",
+                      "logits of the two tokens are within the dtype's rounding tolerance; pipeline/decode/lossless.py):", "",
                       "| method | run | prompt | status | k | AR token | EAGLE-3 token | gap (logits) | gap (ulps) | tolerance |",
                       "|---|---|---|---|---|---|---|---|---|---|"]
             num = lambda v, fmt: "-" if v is None else fmt.format(v)

@@ -1,34 +1,68 @@
 """Small argument helpers shared by every `draftgym` subcommand (no heavy imports, no imports of
-the subcommand modules, so pipeline/cli.py and the modules it registers import this one-way)."""
+the subcommand modules, so the cli modules and the library modules import this one-way).
+
+The settings pattern: each command is a documented `Config` dataclass and a `run_<command>_command(cfg)`
+in its library module; the layer's cli module (pipeline/cli.py, simulator/cli.py, online/cli.py)
+declares the flags (one option per field, dest = the field's name), builds the Config with
+`config_from_args` and names the run function with `set_command`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """--help shows each option's default, unless its help already says it in words (or there is none
-    worth printing: None, False)."""
+    """--help shows, for every option that takes a value, its default or "(required)". An option whose
+    default is None says in its help what None means ("(default: the only one)"); one whose help already
+    states its default in words gets nothing added. Flags (no value) and positionals get nothing."""
 
     def _get_help_string(self, action):
         h = action.help or ""
-        if (not action.option_strings or "(default" in h or "default:" in h.lower() or action.default in (None, False)
-                or action.default is argparse.SUPPRESS):
+        if not action.option_strings or action.nargs == 0 or action.default is argparse.SUPPRESS:
             return h
+        if action.required:
+            return h if "(required)" in h else h + " (required)"
+        if action.default is None or "(default" in h or "default:" in h.lower():
+            return h
+        if action.default == []:
+            return h + " (default: none)"
         return h + " (default: %(default)s)"
 
 
-def parse_positive_ints(s: str, name: str) -> tuple[int, ...]:
-    """'10,8,12' -> (10, 8, 12), with a one-line error for anything else."""
+def config_from_args(cls, args: argparse.Namespace, **converted):
+    """The `cls` Config dataclass of a command from its parsed options: each field takes the option of
+    the same name (its dest); an option left at None keeps the field's default (train-draft's flags,
+    whose defaults live in TrainConfig); `converted` gives the fields whose option needs converting
+    (comma lists, renamed flags), taken as they are."""
+    parsed = vars(args)
+    fields = {f.name: parsed[f.name] for f in dataclasses.fields(cls) if parsed.get(f.name) is not None}
+    return cls(**{**fields, **converted})
+
+
+def set_command(p: argparse.ArgumentParser, make_config, run: str) -> None:
+    """What p's command does: `run(make_config(args))`. make_config builds the command's Config from the
+    parsed options (importing its class when called); run is 'module:function', imported only when the
+    command runs, so building the parser (`draftgym --help`) imports no torch. online.cli.main calls them."""
+    p.set_defaults(make_config=make_config, run=run)
+
+
+def comma_list(s: str | None) -> tuple[str, ...]:
+    """'a, b,,c' -> ('a', 'b', 'c'); None or '' -> ()."""
+    return tuple(x.strip() for x in (s or "").split(",") if x.strip())
+
+
+def parse_positive_ints(s: str, name: str, minimum: int = 1) -> tuple[int, ...]:
+    """'10,8,12' -> (10, 8, 12), with a one-line error for anything else (or a value below `minimum`)."""
     from pipeline.errors import DraftGymError
 
     try:
         v = tuple(int(x) for x in s.split(","))
     except ValueError:
         raise DraftGymError(f"{name} must be comma-separated integers, got {s!r}") from None
-    if any(x < 1 for x in v):
-        raise DraftGymError(f"{name} values must be >= 1")
+    if any(x < minimum for x in v):
+        raise DraftGymError(f"{name} values must be >= {minimum}")
     return v
 
 
@@ -48,7 +82,12 @@ def add_split(p: argparse.ArgumentParser) -> None:
 
 def add_no_progress(p: argparse.ArgumentParser) -> None:
     """--no-progress, the same on every long-running command: log files get result lines, not bars."""
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (for logs and CI)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars (for logs and CI)")
+
+
+def add_json(p: argparse.ArgumentParser, help: str = "print one JSON object") -> None:
+    """--json, the same on every command that can print its result as one JSON object."""
+    p.add_argument("--json", dest="as_json", action="store_true", help=help)
 
 
 def add_device_dtype(p: argparse.ArgumentParser) -> None:

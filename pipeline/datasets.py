@@ -28,7 +28,9 @@ User files: `.json` (a list of objects), `.jsonl`, `.jsonl.gz` or `.parquet`. Ea
 `messages` (a list of {role, content}) or `prompt` (a string), and optionally `prompt_id`
 (default "<file stem>/<row index>", row index 0-based; a given id is used as is, so records
 written out and read back keep their ids and splits), `reference` and `extra_turns`. The dataset
-name of a user file is its stem ("my_prompts" for "my_prompts.jsonl.gz").
+name of a user file is its stem ("my_prompts" for "my_prompts.jsonl.gz"). A row whose prompt is
+empty (no user message with text) raises, naming the file and row, unless the caller keeps it
+(`keep_empty`: `draftgym collect` skips such prompts and lists them, as it does over-long ones).
 
 Splits: `split_of(prompt_id)` maps the first 8 bytes of sha256(prompt_id) to [0, 1) and cuts it
 at the cumulative fractions (0.8, 0.1, 0.1) into "train", "val", "test". It depends on nothing
@@ -42,14 +44,15 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
 import time
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from pipeline.errors import DataError
+from pipeline.errors import DataError, first_line
+from pipeline.runtime.atomic import atomic_write
+from pipeline.runtime.cache import cache_dir
 
 DATASETS = ("sharegpt", "humaneval", "mt-bench", "gsm8k")
 SPLITS = ("train", "val", "test")
@@ -116,12 +119,14 @@ def resolve_split(name_or_path: str | os.PathLike, split: str | None, builtin_de
     return split
 
 
-def load_prompts(name_or_path: str | os.PathLike, split: str | None = None, n: int | None = None) -> list[PromptRecord]:
+def load_prompts(name_or_path: str | os.PathLike, split: str | None = None, n: int | None = None,
+                 keep_empty: bool = False) -> list[PromptRecord]:
     """Records of a built-in dataset (one of DATASETS) or a user file, in file order.
 
     `split` keeps only the records whose `split_of(prompt_id)` matches ('all' or None: every record);
-    `n` then keeps the first n. Built-in records are parsed once per process and shared between
-    calls: do not mutate `messages`.
+    `n` then keeps the first n. keep_empty: a user file's rows with an empty prompt are records too
+    (for a caller that skips and lists them, see `has_user_text`) instead of an error. Built-in records
+    are parsed once per process and shared between calls: do not mutate `messages`.
     """
     split = None if split == "all" else split
     if split is not None and split not in SPLITS:
@@ -132,7 +137,7 @@ def load_prompts(name_or_path: str | os.PathLike, split: str | None = None, n: i
     if key in DATASETS:
         records = _builtin(key)
     else:
-        records = _load_user_file(_user_path(key))
+        records = _load_user_file(_user_path(key), keep_empty)
     if split is not None:
         records = [r for r in records if r.split == split]
     return list(records[:n] if n is not None else records)
@@ -178,19 +183,13 @@ def _user(text: str) -> tuple[dict, ...]:
     return ({"role": "user", "content": text},)
 
 
-def cache_dir() -> Path:
-    """`$DRAFTGYM_CACHE/datasets`, default `~/.cache/draftgym/datasets`."""
-    root = os.environ.get("DRAFTGYM_CACHE") or Path.home() / ".cache" / "draftgym"
-    return Path(root) / "datasets"
-
-
 def _sharegpt_records(path: Path) -> list[PromptRecord]:
     """ShareGPT records from the Parquet cache, parsing `path` (and writing the cache) on a miss."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     st = path.stat()
-    cached = cache_dir() / f"sharegpt-v{_SHAREGPT_CACHE_VERSION}-{st.st_size}-{st.st_mtime_ns}.parquet"
+    cached = cache_dir("datasets") / f"sharegpt-v{_SHAREGPT_CACHE_VERSION}-{st.st_size}-{st.st_mtime_ns}.parquet"
     try:
         cols = pq.read_table(cached).to_pydict()
         rows = zip(cols["prompt_id"], cols["prompt"], cols["reference"])
@@ -240,21 +239,13 @@ def _write_cache(target: Path, table) -> None:
     """Write `table` to `target` atomically; a cache that cannot be written is skipped, not fatal."""
     import pyarrow.parquet as pq
 
-    tmp = None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".", suffix=".tmp")
-        os.close(fd)
-        os.chmod(tmp, 0o644)
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, target)
+        atomic_write(target, lambda f: pq.write_table(table, f, compression="zstd"))
         for old in target.parent.glob("sharegpt-v*.parquet"):
             if old != target:
                 old.unlink(missing_ok=True)
     except OSError as e:
         print(f"draftgym: warning: cannot write dataset cache {target} ({e})", file=sys.stderr)
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------- user files
@@ -270,7 +261,13 @@ def _user_path(key: str) -> Path:
     raise DataError(f"unknown dataset {key!r} and no such file (built-in datasets: {', '.join(DATASETS)})")
 
 
-def _load_user_file(path: Path) -> list[PromptRecord]:
+def has_user_text(messages) -> bool:
+    """True when some user message has text: what makes a prompt usable (besides its length, which
+    only the tokenizer can judge)."""
+    return any(m.get("role") == "user" and str(m.get("content") or "").strip() for m in messages)
+
+
+def _load_user_file(path: Path, keep_empty: bool = False) -> list[PromptRecord]:
     name = path.name
     suffix = next((s for s in USER_SUFFIXES if name.endswith(s)), None)
     if suffix is None:
@@ -287,7 +284,7 @@ def _load_user_file(path: Path) -> list[PromptRecord]:
         where = "line"
     records, seen = [], {}
     for index, (pos, row) in enumerate(rows):
-        rec = _row_to_record(row, index, stem, f"{path} {where} {pos}")
+        rec = _row_to_record(row, index, stem, f"{path} {where} {pos}", keep_empty)
         if rec.prompt_id in seen:
             raise DataError(f"{path} {where} {pos}: duplicate prompt_id {rec.prompt_id!r} "
                             f"(first at {where} {seen[rec.prompt_id]})")
@@ -298,7 +295,7 @@ def _load_user_file(path: Path) -> list[PromptRecord]:
     return records
 
 
-def _row_to_record(row, index: int, stem: str, where: str) -> PromptRecord:
+def _row_to_record(row, index: int, stem: str, where: str, keep_empty: bool = False) -> PromptRecord:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected an object with 'messages' or 'prompt', got {type(row).__name__}")
     if row.get("messages") is not None:
@@ -307,17 +304,15 @@ def _row_to_record(row, index: int, stem: str, where: str) -> PromptRecord:
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages):
             raise DataError(f"{where}: 'messages' must be a non-empty list of {{role, content}} strings")
-        if not any(m["role"] == "user" and m["content"].strip() for m in messages):
-            raise DataError(f"{where}: empty prompt (no user message with text)")
         messages = tuple({"role": m["role"], "content": m["content"]} for m in messages)
     elif row.get("prompt") is not None:
         if not isinstance(row["prompt"], str):
             raise DataError(f"{where}: 'prompt' must be a string")
-        if not row["prompt"].strip():
-            raise DataError(f"{where}: empty prompt")
         messages = _user(row["prompt"])
     else:
         raise DataError(f"{where}: row has neither 'messages' nor 'prompt'")
+    if not keep_empty and not has_user_text(messages):
+        raise DataError(f"{where}: empty prompt (no user message with text)")
     ref, extra = row.get("reference"), row.get("extra_turns") or ()
     if ref is not None and not isinstance(ref, str):
         raise DataError(f"{where}: 'reference' must be a string")
@@ -370,12 +365,19 @@ def _read_parquet(path: Path) -> list[dict]:
     try:
         return pq.read_table(path).to_pylist()
     except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: truncated or corrupt Parquet file ({str(e).splitlines()[0]})") from None
+        raise DataError(f"{path}: truncated or corrupt Parquet file ({first_line(e)})") from None
 
 
 # ---------------------------------------------------------------------------------- CLI
 
-def run_datasets_command(args) -> int:
+@dataclass
+class DatasetsConfig:
+    """`draftgym datasets`: list the built-in prompt datasets and their sizes."""
+
+    as_json: bool = False           # print one JSON object instead of the table
+
+
+def run_datasets_command(cfg: DatasetsConfig) -> int:
     """`draftgym datasets`: per built-in dataset, the total and per-split prompt counts."""
     stats, missing = {}, []
     for name in DATASETS:
@@ -391,7 +393,7 @@ def run_datasets_command(args) -> int:
             counts[r.split] += 1
         stats[name] = {"package": pip_name, "installed": True, "total": len(records), **counts,
                        "path": str(source_path(name))}
-    if args.json:
+    if cfg.as_json:
         print(json.dumps(stats))
     else:
         from rich.console import Console

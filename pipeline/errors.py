@@ -15,3 +15,10 @@ class HeadMismatchError(DraftGymError):
 
 class DataError(DraftGymError):
     """A missing, truncated, corrupt or schema-mismatched data file."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type name if the message is empty), for a
+    one-line `DraftGymError` that wraps a library's multi-line error."""
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.latency import LatencyModel
-from simulator.logs import ReplayLogs
-from simulator.observations import best_beam_entropy, best_beam_score
-from simulator.policy import Policy, Shape, const_shape
+from pipeline.decode.controller import EAGLE3_DEFAULT_SHAPE
+from simulator.latency_model import LatencyModel
+from simulator.logs.load import ReplayLogs
+from simulator.observations.paper import best_beam_entropy, best_beam_score
+from simulator.policies.base import Policy, Shape, const_shape
 from simulator.replay import cycle_time, pool_size
 
-DEFAULT_SHAPE = (8, 10, 60)      # EAGLE-3's (D, W, V)
 
 
 def static_space(logs: ReplayLogs, min_verify: int = 2) -> np.ndarray:
@@ -51,7 +51,7 @@ def action_space(logs: ReplayLogs, space: str | np.ndarray) -> np.ndarray:
 
 def default_static(logs: ReplayLogs) -> tuple[int, int, int]:
     """EAGLE-3's default (8, 10, 60), with the primary width when 10 is not logged."""
-    D, W, V = DEFAULT_SHAPE
+    D, W, V = EAGLE3_DEFAULT_SHAPE
     return min(D, logs.max_depth), (W if W in logs.w else logs.width), V
 
 

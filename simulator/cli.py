@@ -1,56 +1,73 @@
-"""`draftgym` subcommands that live in simulator/: evaluate, train, transfer, synth-logs, latency-report.
+"""`draftgym` subcommands that live in simulator/: evaluate, train, transfer, synth-logs, latency-report,
+and the serving ones: tune, serve-eval, export, profile-import, train-load.
 
-Registered by `online.cli.build_parser`; heavy imports happen inside the handlers.
+The one home of these commands' flags: each subparser declares them (dest = the field of the
+command's Config dataclass) and the function that builds the Config; the run functions are in the
+library modules (pipeline.cliargs.set_command). Registered by `online.cli.build_parser`; nothing
+heavy is imported until a command runs.
 """
 from __future__ import annotations
 
 import argparse
-import json
 
-from pipeline.cliargs import add_no_progress
+from pipeline.cliargs import (DTYPES, add_json, add_no_progress, comma_list, config_from_args, parse_positive_ints,
+                              set_command)
+
+METHODS = ["radar", "ltd", "resps"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    for add in (add_evaluate, add_train, add_transfer, add_synth, add_latency_report):
+    for add in (add_evaluate, add_train, add_transfer, add_synth, add_latency_report, add_tune, add_serve_eval,
+                add_export, add_profile_import, add_train_load):
         add(sub)
 
 
 def _logs_args(p: argparse.ArgumentParser) -> None:
+    """Which logs and which latency profile: the same flags on evaluate and train."""
     p.add_argument("--logs", required=True, help="logs root (sequences/, positions/, latency/)")
     p.add_argument("--model", default=None, help="model partition (default: the only one)")
     p.add_argument("--temperature", type=float, default=None, help="temperature partition (default: the only one)")
     p.add_argument("--dataset", default=None, help="comma-separated datasets (default: all)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default=None, choices=list(DTYPES),
                    help="the logs' compute dtype (default: the only one); the latency profile must be of the same dtype")
-    p.add_argument("--latency-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--latency-dtype", default=None, choices=list(DTYPES),
                    help="time the replay with a latency profile of this dtype instead of the logs' own (a transfer "
-                        "experiment: one set of acceptance logs, another device or dtype's clock)")
+                        "experiment: one set of acceptance logs, another device or dtype's clock) (default: the "
+                        "logs' own)")
     p.add_argument("--profile", default=None, help="latency profile_id (default: the newest of the logs' dtype)")
     p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
 
 
-def add_evaluate(sub) -> None:
+def _iters(s: str | None) -> tuple[int, ...] | None:
+    return None if s is None else parse_positive_ints(s, "--iters", minimum=0)
+
+
+# ------------------------------------------------------------------------------------ evaluate
+
+def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="replay policies and baselines on logged decoding (tau, tokens/s, speedups)")
     _logs_args(p)
     p.add_argument("--split", default="test", help="train | val | test | all")
-    p.add_argument("--policy", action="append", default=[],
+    p.add_argument("--policy", dest="policies", metavar="POLICY", action="append", default=[],
                    help="checkpoint dir, or static:D,W,V | ddd[:thr] | entropy[:theta] | goodput | "
                         "oracle[:static|depth] | random[:seed] (repeatable)")
     p.add_argument("--tune-split", default="auto", help="split for grid-best selection (default: val, else train)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_run_evaluate)
+    add_json(p)
+    set_command(p, _evaluate_config, "simulator.evaluate:run_evaluate_command")
 
 
-def _run_evaluate(args) -> int:
-    from simulator.evaluate import run_evaluate
+def _evaluate_config(args):
+    from simulator.evaluate import EvaluateConfig
 
-    return run_evaluate(args)
+    return config_from_args(EvaluateConfig, args)
 
 
-def add_train(sub) -> None:
+# ------------------------------------------------------------------------------------ train, transfer
+
+def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a policy in the replay simulator (radar | ltd | resps)")
     _logs_args(p)
-    p.add_argument("--method", required=True, choices=["radar", "ltd", "resps"], help="radar (REINFORCE stop/continue), ltd (PPO depth + size), resps (PPO tree shape, held N cycles)")
+    p.add_argument("--method", required=True, choices=METHODS, help="radar (REINFORCE stop/continue), ltd (PPO depth + size), resps (PPO tree shape, held N cycles)")
     p.add_argument("--out", required=True, help="policy directory (checkpoint + manifest.json + curve PNG)")
     p.add_argument("--steps", type=int, default=None,
                    help="budget: ltd = depth env steps per depth phase (size phases get a quarter; default 200k); "
@@ -61,146 +78,267 @@ def add_train(sub) -> None:
     p.add_argument("--n-envs", type=int, default=None, help="parallel replay environments (default: the method's own)")
     p.add_argument("--iters", default=None, help="ltd: co-adaptation iterations to run, e.g. 0,1,2,3 (default all)")
     p.add_argument("--action-space", default="seeds", choices=["seeds", "wide"],
-                   help="seeds: the papers' action sets (design.md); wide: adds shallow/small trees "
+                   help="seeds: the papers' action sets (docs/design.md); wide: adds shallow/small trees "
                         "(LTD V in the logged grid 2..240, Re-SpS D 1..8 and V 2..128), for devices like CPUs "
                         "where a large verify costs several AR steps")
     p.add_argument("--obs", default="paper", choices=["paper", "rich"],
                    help="observations: paper (each seed's own) or rich (adds the best beam's entropy and the "
-                        "acceptance history of the generation; simulator/observations_rich.py)")
+                        "acceptance history of the generation; simulator/observations/rich.py)")
     p.add_argument("--objective", default="ratio", choices=["ratio", "rate"],
                    help="cycle reward: ratio (the seeds' (L+1)/t_cycle per cycle) or rate ((L+1) - lambda t_cycle "
                         "with lambda = grid-best's replay tokens/s on the training split: maximises the "
-                        "generation's tokens/s, not the mean cycle's; simulator/env_core.py)")
+                        "generation's tokens/s, not the mean cycle's; simulator/envs/core.py)")
     p.add_argument("--verify-size", type=int, default=None,
                    help="V for RADAR and LTD's Iter0 depth phase (default 60; with --action-space wide, "
                         "the grid-best static V on the training split)")
     add_no_progress(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_run_train)
+    add_json(p)
+    set_command(p, _train_config, "simulator.train.run:run_trainer")
 
 
-def add_transfer(sub) -> None:
+def _train_config(args):
+    from simulator.train.common import PolicyTrainConfig
+
+    return config_from_args(PolicyTrainConfig, args, iters=_iters(args.iters))
+
+
+def add_transfer(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("transfer", help="hardware transfer: a policy per latency profile from one set of logs, "
                                         "each replayed under every profile (a 2 x 2 table vs grid-best)")
     p.add_argument("--logs", required=True, help="logs root (sequences/, positions/, latency/)")
     p.add_argument("--model", default=None, help="model partition (default: the only one)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default=None, choices=list(DTYPES),
                    help="the logs' compute dtype (default: the only one)")
     p.add_argument("--temperature", type=float, default=None,
                    help="the logs' temperature partition (default: the only one; a root holding T = 0 and T = 1 "
                         "logs needs it)")
     p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
-    p.add_argument("--profiles", required=True,
+    p.add_argument("--profiles", type=comma_list, required=True,
                    help="comma-separated profile specs: a dtype (float32 | bfloat16 | float16: its newest profile) "
                         "or id:<profile_id>; e.g. float32,bfloat16")
-    p.add_argument("--method", required=True, choices=["radar", "ltd", "resps"], help="the policy to train")
+    p.add_argument("--method", required=True, choices=METHODS, help="the policy to train")
     p.add_argument("--out", required=True, help="directory: policy-<profile>/ per profile, transfer.{json,md,png}")
     p.add_argument("--split", default="test", help="split the table is measured on (grid-best is picked on val)")
-    p.add_argument("--steps", type=int, default=None, help="training budget, as `draftgym train --steps`")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training budget, as `draftgym train --steps` (default: the method's own)")
     p.add_argument("--seed", type=int, default=0, help="training seed (the same for every profile)")
-    p.add_argument("--n-envs", type=int, default=None, help="parallel replay environments, as `draftgym train`")
-    p.add_argument("--iters", default=None, help="ltd: co-adaptation iterations, as `draftgym train`")
+    p.add_argument("--n-envs", type=int, default=None,
+                   help="parallel replay environments, as `draftgym train` (default: the method's own)")
+    p.add_argument("--iters", default=None, help="ltd: co-adaptation iterations, as `draftgym train` (default all)")
     p.add_argument("--action-space", default="wide", choices=["seeds", "wide"],
                    help="as `draftgym train` (default wide: a CPU's best trees are small)")
     p.add_argument("--obs", default="paper", choices=["paper", "rich"], help="observations, as `draftgym train`")
     p.add_argument("--objective", default="ratio", choices=["ratio", "rate"],
                    help="cycle reward, as `draftgym train` (rate: lambda is each profile's own grid-best)")
     add_no_progress(p)
-    p.set_defaults(func=_run_transfer)
+    set_command(p, _transfer_config, "simulator.transfer:run_transfer_command")
 
 
-def _run_transfer(args) -> int:
-    from simulator.transfer import run_transfer_command
+def _transfer_config(args):
+    from simulator.transfer import TransferConfig
 
-    train_args = ["--seed", str(args.seed), "--action-space", args.action_space, "--obs", args.obs,
-                  "--objective", args.objective]
-    for flag, v in (("--steps", args.steps), ("--n-envs", args.n_envs), ("--iters", args.iters),
-                    ("--dtype", args.dtype), ("--latency", args.latency), ("--model", args.model),
-                    ("--temperature", args.temperature)):
-        if v is not None:
-            train_args += [flag, str(v)]
-    if args.no_progress:
-        train_args.append("--no-progress")
-
-    def train(argv: list[str]) -> int:
-        parser = argparse.ArgumentParser(prog="draftgym")
-        add_train(parser.add_subparsers())
-        return _run_train(parser.parse_args(["train", *argv]))
-
-    return run_transfer_command(args, train_args, train)
+    return config_from_args(TransferConfig, args, iters=_iters(args.iters))
 
 
-def _run_train(args) -> int:
-    from pipeline.errors import DraftGymError
+# ------------------------------------------------------------------------------------ synth-logs, latency-report
 
-    try:
-        if args.method == "ltd":
-            from simulator.train_ltd import run_cli
-        elif args.method == "radar":
-            from simulator.train_radar import run_cli
-        else:
-            from simulator.train_resps import run_cli
-    except ImportError as e:
-        raise DraftGymError(f"training method {args.method!r} is not available in this checkout ({e})") from None
-    return run_cli(args)
-
-
-def add_synth(sub) -> None:
+def add_synth(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("synth-logs", help="write synthetic logs with the real schemas (tests, demos)")
     p.add_argument("--out", required=True, help="output logs root")
     p.add_argument("--n-sequences", type=int, default=10, help="per dataset")
     p.add_argument("--widths", default="10", help="comma-separated W values")
     p.add_argument("--temperature", type=float, default=0.0, help="the logs' temperature partition")
     p.add_argument("--latency-profile", default="cpu", choices=["cpu", "gpu", "none"], help="synthetic latency profile shape")
+    p.add_argument("--latency-batches", default="1",
+                   help="comma-separated batch sizes of the latency rows (batch 1 always), e.g. 1,2,4,8,16")
     p.add_argument("--seed", type=int, default=0, help="random seed of the synthetic data")
-    p.set_defaults(func=_run_synth)
+    set_command(p, _synth_config, "simulator.logs.synthetic:run_synth_logs_command")
 
 
-def _run_synth(args) -> int:
-    from pipeline.errors import DraftGymError
-    from simulator.synthetic import SyntheticConfig, write_synthetic_logs
+def _synth_config(args):
+    from simulator.logs.synthetic import SyntheticConfig, SynthLogsConfig
 
-    try:
-        widths = tuple(int(w) for w in args.widths.split(","))
-    except ValueError:
-        raise DraftGymError(f"--widths must be comma-separated integers, got {args.widths!r}") from None
-    cfg = SyntheticConfig(n_sequences=args.n_sequences, widths=widths, temperature=args.temperature, seed=args.seed,
-                          latency_profile=None if args.latency_profile == "none" else args.latency_profile)
-    print(json.dumps(write_synthetic_logs(args.out, cfg)))
-    return 0
+    data = config_from_args(SyntheticConfig, args, widths=parse_positive_ints(args.widths, "--widths"),
+                            latency_profile=None if args.latency_profile == "none" else args.latency_profile,
+                            latency_batches=parse_positive_ints(args.latency_batches, "--latency-batches"))
+    return config_from_args(SynthLogsConfig, args, data=data)
 
 
-def add_latency_report(sub) -> None:
+def add_latency_report(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("latency-report", help="fit report (and plot) of the latency model of a logs root")
     p.add_argument("--logs", required=True, help="logs root holding latency/")
     p.add_argument("--model", default=None, help="model partition (default: the only one)")
     p.add_argument("--profile", default=None, help="latency profile_id (default: the newest)")
-    p.add_argument("--plot", default=None, help="write a PNG of measured points and interpolated curves")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_run_latency_report)
+    p.add_argument("--plot", default=None, help="write a PNG of measured points and interpolated curves (default: no plot)")
+    add_json(p)
+    set_command(p, _latency_report_config, "simulator.latency_report:run_latency_report_command")
 
 
-def _run_latency_report(args) -> int:
-    from simulator.latency import LatencyModel
+def _latency_report_config(args):
+    from simulator.latency_report import LatencyReportConfig
 
-    lat = LatencyModel.from_logs(args.logs, model=args.model, profile=args.profile)
-    rep = lat.fit_report()
-    rep["radar_constants_ctx512"] = dict(zip(("T0", "Tf", "Teye"), lat.radar_constants(512)))
-    if args.plot:
-        lat.plot(args.plot)
-        rep["plot"] = args.plot
-    if args.json:
-        print(json.dumps(rep))
-    else:
-        print(f"latency profile {rep['profile']} ({rep['device']})")
-        for op, r in rep["ops"].items():
-            if "points" in r:
-                loo = "n/a" if r["loo_mean_rel_err"] is None else f"{100 * r['loo_mean_rel_err']:.2f}% mean, " \
-                                                                  f"{100 * r['loo_max_rel_err']:.2f}% max"
-                print(f"  {op:10s} {r['points']:4d} points, x {r['x_range']}, ctx {r['ctx_range']}, "
-                      f"leave-one-out error {loo}")
-            else:
-                print(f"  {op:10s} {1e3 * r['median_s']:.3f} ms per call")
-        c = rep["radar_constants_ctx512"]
-        print(f"  RADAR at ctx 512: T0 {1e3 * c['T0']:.2f} ms, Tf {1e3 * c['Tf']:.2f} ms, Teye {1e3 * c['Teye']:.3f} ms")
-    return 0
+    return config_from_args(LatencyReportConfig, args)
+
+
+# ------------------------------------------------------------------------------------ serving: tune, serve-eval, export, profile-import
+
+def _serving_logs_args(p: argparse.ArgumentParser) -> None:
+    """Which logs and latency profile the serving commands replay (no --latency-dtype: one clock)."""
+    p.add_argument("--logs", required=True, help="logs root (sequences/, positions/, latency/)")
+    p.add_argument("--model", default=None, help="model partition (default: the only one)")
+    p.add_argument("--temperature", type=float, default=None, help="temperature partition (default: the only one)")
+    p.add_argument("--dataset", default=None, help="comma-separated datasets (default: all)")
+    p.add_argument("--dtype", default=None, choices=list(DTYPES), help="the logs' compute dtype (default: the only one)")
+    p.add_argument("--profile", default=None,
+                   help="latency profile_id, profiled at several batch sizes (default: the newest of the logs' dtype)")
+    p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
+
+
+def add_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="the best speculation shape at each batch size (closed-batch replay), "
+                                    "merged into a schedule JSON")
+    _serving_logs_args(p)
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="batch sizes to tune at")
+    p.add_argument("--shapes", default="all", choices=["chain", "tree", "all"],
+                   help="candidates besides off: chain K = 1..8 (needs width-1 logs), the logged trees, or both")
+    p.add_argument("--split", default="val", help="split the choice is made on")
+    p.add_argument("--requests-per-slot", type=int, default=4,
+                   help="closed batch of B rows: max(sequences, this x B) requests, the split's sequences cycled")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="the schedule's last range reaches this batch size (default: the largest tuned B)")
+    p.add_argument("--out", required=True, help="schedule JSON to write (the tokens/s table goes beside it, same name with .csv)")
+    p.add_argument("--plot", default=None, help="PNG of tokens/s x AR against B per shape (default: no plot)")
+    add_json(p)
+    set_command(p, _tune_config, "simulator.serving.tune:run_tune_command")
+
+
+def _tune_config(args):
+    from simulator.serving.tune import TuneConfig
+
+    return config_from_args(TuneConfig, args)
+
+
+def add_serve_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve-eval", help="replay a load sweep under AR, the best static shape, the per-B "
+                                          "schedule, vLLM's example, SGLang's adaptive rule and an oracle")
+    _serving_logs_args(p)
+    p.add_argument("--split", default="test", help="split the requests replay")
+    p.add_argument("--tune-split", default="val", help="split the schedule and the best static shape are chosen on")
+    p.add_argument("--schedule", default=None, help="a schedule JSON from `draftgym tune` (default: tune one here)")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="batch sizes to tune at (without --schedule)")
+    p.add_argument("--shapes", default="all", choices=["chain", "tree", "all"], help="tuning candidates besides off")
+    p.add_argument("--target-batches", default="1,2,4,8,16",
+                   help="the Poisson sweep's rates keep about these many rows busy under AR decoding")
+    p.add_argument("--rates", default=None, help="comma-separated arrival rates in requests/s instead (default: from "
+                                                 "--target-batches)")
+    p.add_argument("--trace", default=None, help="file of arrival times in s (one per line, or a JSON list) instead "
+                                                 "of a sweep (default: a sweep)")
+    p.add_argument("--requests-per-rate", type=int, default=32, help="requests at each rate of the sweep")
+    p.add_argument("--max-batch", type=int, default=None, help="most rows in a batch (default: the largest target batch)")
+    p.add_argument("--tpot-target", type=float, default=None,
+                   help="seconds per output token a request must meet to count in goodput (default: AR's median TPOT)")
+    p.add_argument("--seed", type=int, default=0, help="arrival seed")
+    p.add_argument("--sglang-config", default=None,
+                   help="SGLang --speculative-adaptive-config JSON to replay (default: SGLang's stored tiers)")
+    p.add_argument("--sglang-initial-steps", type=int, default=3, help="SGLang's --speculative-num-steps")
+    p.add_argument("--no-oracle", dest="oracle", action="store_false", help="skip the greedy per-step oracle")
+    p.add_argument("--policy", dest="policies", metavar="DIR", action="append", default=[],
+                   help="a load-aware policy from `draftgym train-load` to replay too (repeatable)")
+    p.add_argument("--out", default=None, help="write the table as JSON (default: print only)")
+    add_json(p)
+    set_command(p, _serve_eval_config, "simulator.serving.evaluate:run_serve_eval_command")
+
+
+def _serve_eval_config(args):
+    from simulator.serving.evaluate import ServeEvalConfig
+
+    return config_from_args(ServeEvalConfig, args, policies=tuple(args.policies))
+
+
+def add_train_load(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train-load", help="train a load-aware speculation policy (the step's shape from the batch "
+                                          "size, queue and draft confidences) by PPO in the serving replay")
+    _serving_logs_args(p)
+    p.add_argument("--out", required=True, help="policy directory (checkpoint, manifest.json, training.json)")
+    p.add_argument("--method", default="resps-load", choices=["resps-load"],
+                   help="resps-load: an MLP picks the shared shape of the next --hold steps")
+    p.add_argument("--split", default="train", help="training split")
+    p.add_argument("--val-split", default="val", help="validation split (the best validated policy is kept)")
+    p.add_argument("--shapes", default="auto",
+                   help="action set: auto (off, chains 1..--chains, the tuned best shape at each --tune-batches) "
+                        "or space-separated labels, e.g. \"off chain:2 tree:4,10,60\"")
+    p.add_argument("--chains", type=int, default=6, help="auto: chains K = 1..this")
+    p.add_argument("--tune-batches", default="1,2,4,8,16", help="auto: the tuned best shape at each of these B joins")
+    p.add_argument("--max-batch", type=int, default=16, help="most rows in a batch")
+    p.add_argument("--hold", type=int, default=5, help="steps each decision is held")
+    p.add_argument("--target-batches", default="1,2,4,8,16,32",
+                   help="training episodes' Poisson rates (and the validation sweep) keep about these B busy under AR "
+                        "(beyond --max-batch: overload)")
+    p.add_argument("--episode-decisions", type=int, default=32, help="decisions per training episode")
+    p.add_argument("--objective", default="ratio", choices=["ratio", "rate"],
+                   help="reward over a hold: ratio = throughput x AR; rate = tokens - lambda time, lambda = "
+                        "--rate-ref x AR's tokens/s at the decision's batch")
+    p.add_argument("--rate-ref", type=float, default=1.0, help="rate: lambda as a multiple of AR's tokens/s")
+    p.add_argument("--confidence-depth", type=int, default=1,
+                   help="observation: the batch's draft confidences at depths 1..this (0: none)")
+    p.add_argument("--steps", type=int, default=100_000, help="training decisions")
+    p.add_argument("--val-requests-per-rate", type=int, default=16, help="requests per rate of the validation sweep")
+    p.add_argument("--seed", type=int, default=0, help="nets, rollouts, arrivals")
+    add_json(p)
+    add_no_progress(p)
+    set_command(p, _train_load_config, "simulator.serving.train_load:run_train_load_command")
+
+
+def _train_load_config(args):
+    from simulator.serving.train_load import LoadTrainConfig
+
+    return config_from_args(LoadTrainConfig, args)
+
+
+def add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a schedule in a serving engine's format (vLLM speculative_config, "
+                                      "SGLang flags or its adaptive config)")
+    p.add_argument("--schedule", required=True, help="schedule JSON (from `draftgym tune`)")
+    p.add_argument("--format", dest="fmt", required=True, choices=["vllm", "sglang", "sglang-adaptive", "json"],
+                   help="vllm: speculative_config JSON; sglang: static launch flags; sglang-adaptive: "
+                        "--speculative-adaptive-config JSON (+ its launch flags); json: the schedule itself")
+    p.add_argument("--head", default=None, help="the EAGLE-3 head's path or hub id to write into the config "
+                                                "(default: a placeholder to replace)")
+    p.add_argument("--best-expressible", action="store_true",
+                   help="replace what the engine cannot run by its best runnable shape from the schedule's tuning "
+                        "table, and say so (default: refuse)")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="vllm: the last batch range ends here (default: the schedule's own end)")
+    p.add_argument("--out", default=None, help="file to write (default: print)")
+    set_command(p, _export_config, "simulator.serving.export:run_export_command")
+
+
+def _export_config(args):
+    from simulator.serving.export import ExportConfig
+
+    return config_from_args(ExportConfig, args)
+
+
+def add_profile_import(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile-import", help="turn an engine's own timing file (SGLang bench_speculative.py JSONL) "
+                                              "into a latency profile with batch rows")
+    p.add_argument("file", help="the engine's file")
+    p.add_argument("--format", dest="fmt", default="sglang-bench", choices=["sglang-bench"],
+                   help="sglang-bench: the JSONL of sglang/scripts/playground/bench_speculative.py")
+    p.add_argument("--out", required=True, help="logs root to write latency/model=<M>/<profile_id>.parquet into")
+    p.add_argument("--model", required=True, help="model_id of the logs the profile will time")
+    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="the engine's compute dtype")
+    p.add_argument("--profile-id", default=None, help="profile_id (default: sglang-<file stem>)")
+    p.add_argument("--context-len", type=int, default=0,
+                   help="the context length the engine measured at (its file does not say; one level, flat in c)")
+    p.add_argument("--compare-logs", default=None,
+                   help="logs root to replay the same shapes on at batch 1: the file's acc_length against the "
+                        "replayed tau (default: no comparison)")
+    add_json(p)
+    set_command(p, _profile_import_config, "simulator.serving.sglang_import:run_profile_import_command")
+
+
+def _profile_import_config(args):
+    from simulator.serving.sglang_import import ProfileImportConfig
+
+    return config_from_args(ProfileImportConfig, args)

@@ -13,16 +13,17 @@ Spec-Bench), speedup vs AR, vs static, vs grid-best (ratios of mean speeds) and 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.errors import DataError, DraftGymError
 from simulator import baselines as B
-from simulator.latency import LatencyModel
-from simulator.logs import ReplayLogs, load_logs
-from simulator.checkpoint import load_policy
-from simulator.policy import Policy, Shape
+from simulator.latency_model import LatencyModel
+from simulator.logs.load import ReplayLogs, load_logs
+from simulator.policy_specs import load_policy, parse_spec
+from simulator.policies.base import Policy, Shape
 from simulator.replay import SimResult, autoregressive, simulate
 
 
@@ -65,6 +66,8 @@ def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | N
              temperature: float | None = None, datasets=None, profile: str | None = None,
              latency_root: str | Path | None = None, tune_split: str | None = "auto", dtype: str | None = None,
              latency_dtype: str | None = None) -> dict:
+    for spec in policies or []:
+        parse_spec(spec)                 # a bad spec fails in one line before the logs load
     all_logs = load_logs(logs_root, model=model, temperature=temperature, datasets=datasets, widths="all", dtype=dtype)
     lat = LatencyModel.from_logs(latency_root or logs_root, model=all_logs.model, profile=profile,
                                  dtype=latency_dtype or all_logs.dtype)
@@ -136,11 +139,29 @@ def print_report(rep: dict, console=None) -> None:
         console.print(f"note: {n}")
 
 
-def run_evaluate(args) -> int:
-    rep = evaluate(args.logs, split=args.split, policies=args.policy, model=args.model, temperature=args.temperature,
-                   datasets=args.dataset, profile=args.profile, latency_root=args.latency, tune_split=args.tune_split,
-                   dtype=getattr(args, "dtype", None), latency_dtype=getattr(args, "latency_dtype", None))
-    if args.json:
+@dataclass
+class EvaluateConfig:
+    """`draftgym evaluate`: policies and baselines replayed on logged decoding (tau, tokens/s, speedups)."""
+
+    logs: str = ""                       # logs root: sequences/, positions/, latency/ (required)
+    model: str | None = None             # model partition; None: the only one
+    temperature: float | None = None     # temperature partition; None: the only one
+    dataset: str | None = None           # comma-separated datasets; None: all
+    dtype: str | None = None             # the logs' compute dtype; None: the only one
+    latency_dtype: str | None = None     # time the replay with a profile of this dtype instead of the logs' own
+    profile: str | None = None           # latency profile_id; None: the newest of the logs' dtype
+    latency: str | None = None           # root holding latency/; None: `logs`
+    split: str = "test"                  # train | val | test | all
+    policies: list[str] = field(default_factory=list)   # checkpoint dirs or built-in specs (simulator.policy_specs)
+    tune_split: str = "auto"             # split for grid-best selection; auto: val, else train
+    as_json: bool = False                # print one JSON object instead of the table
+
+
+def run_evaluate_command(cfg: EvaluateConfig) -> int:
+    rep = evaluate(cfg.logs, split=cfg.split, policies=cfg.policies, model=cfg.model, temperature=cfg.temperature,
+                   datasets=cfg.dataset, profile=cfg.profile, latency_root=cfg.latency, tune_split=cfg.tune_split,
+                   dtype=cfg.dtype, latency_dtype=cfg.latency_dtype)
+    if cfg.as_json:
         print(json.dumps(rep, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
     else:
         print_report(rep)

@@ -2,14 +2,14 @@
 
 `simulate(policy, logs, latency)` runs every sequence of `logs` once, all of them in lockstep
 (one numpy batch per cycle), calling the policy's hooks exactly where the engine calls the
-`pipeline.controller.Controller` hooks:
+`pipeline.decode.controller.Controller` hooks:
 
     plan(ctx)                  once per cycle                       -> (D_max, W, V, policy calls)
     continue_drafting(step)    after draft forward d = 1..D_max-1   -> False stops at D = d
     verify_size(pool)          once, when the policy has a size hook -> V
     observe(record)            after the cycle
 
-Replay (design.md): at root position p, the static tree (D, W, V) accepts
+Replay (docs/design.md, "Exact counterfactual replay"): at root position p, the static tree (D, W, V) accepts
     L = acceptance_W[row(s, p), D-1, index(V)]
 the cycle emits min(L + 1, T - 1 - p) tokens and the next root is p + L + 1; the generation is
 done once p >= T - 1. The clock is `LatencyModel.t_cycle`:
@@ -17,7 +17,7 @@ done once p >= T - 1. The clock is `LatencyModel.t_cycle`:
 with t_call = latency.t_policy for learned policies (policy.call_cost == "model") or the
 policy's own figure (heuristics: 0).
 
-Metrics (design.md): tau = total emitted / total cycles (iteration-weighted); tokens/s per
+Metrics (docs/design.md, "Vocabulary"): tau = total emitted / total cycles (iteration-weighted); tokens/s per
 sequence = (T - 1) / total cycle time, averaged over sequences (Spec-Bench: per-question speeds).
 """
 from __future__ import annotations
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.latency import LatencyModel
-from simulator.logs import ReplayLogs
-from simulator.observations import RESPS_ROOT_K
-from simulator.policy import PlanBatch, PoolBatch, StepBatch
+from simulator.latency_model import LatencyModel
+from simulator.logs.load import ReplayLogs
+from simulator.observations.paper import RESPS_ROOT_K
+from simulator.policies.base import PlanBatch, PoolBatch, StepBatch
 
 
 def call_seconds(policy, latency: LatencyModel) -> float:

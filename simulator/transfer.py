@@ -1,10 +1,10 @@
 """`draftgym transfer`: hardware transfer from one set of acceptance logs and two latency profiles.
 
-The claim it tests (issue I): acceptance is a property of the (target, head, prompts), time is a
+The claim it tests (docs/design.md, "Exact counterfactual replay"): acceptance is a property of the (target, head, prompts), time is a
 property of the device, so a new device costs a latency profile, not a new collection. For each
 profile P (a dtype of the logs' machine, or a profile id from another machine):
 
-    1. train a policy on the logs' train split against P (`draftgym train ... --latency-dtype P`)
+    1. train a policy on the logs' train split against P (`run_trainer`, as `draftgym train ... --latency-dtype P`)
     2. replay every trained policy on the test split under every profile Q
 
 and report the 2 x 2 table  tokens/s(policy_P | Q) / tokens/s(grid-best_Q | Q), with grid-best_Q
@@ -20,17 +20,65 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.cliargs import DTYPES
 from pipeline.errors import DraftGymError
+from simulator.train.common import PolicyTrainConfig
 
-DTYPES = ("float32", "bfloat16", "float16")
+
+@dataclass
+class TransferConfig:
+    """`draftgym transfer`: a policy per latency profile from one set of logs, each replayed under every
+    profile (the table vs grid-best). The training settings are `draftgym train`'s."""
+
+    logs: str = ""                       # logs root: sequences/, positions/, latency/ (required)
+    profiles: tuple = ()                 # two or more profile specs: a dtype (its newest profile) or id:<profile_id>
+    method: str = ""                     # the policy to train: radar | ltd | resps (required)
+    out: str = ""                        # directory: policy-<profile>/ per profile, transfer.{json,md,png} (required)
+    model: str | None = None             # model partition; None: the only one
+    dtype: str | None = None             # the logs' compute dtype; None: the only one
+    temperature: float | None = None     # the logs' temperature partition; None: the only one
+    latency: str | None = None           # root holding latency/; None: `logs`
+    split: str = "test"                  # split the table is measured on (grid-best is picked on val)
+    steps: int | None = None             # training budget, as `draftgym train --steps`
+    seed: int = 0                        # training seed (the same for every profile)
+    n_envs: int | None = None            # parallel replay environments, as `draftgym train`
+    iters: tuple | None = None           # LTD: co-adaptation iterations, as `draftgym train`
+    action_space: str = "wide"           # as `draftgym train` (wide: a CPU's best trees are small)
+    obs: str = "paper"                   # observations, as `draftgym train`
+    objective: str = "ratio"             # cycle reward, as `draftgym train` (rate: lambda is each profile's own grid-best)
+    progress: bool = True                # progress bars
+
+
+def train_config(cfg: TransferConfig) -> PolicyTrainConfig:
+    """The training settings every profile's policy shares (its out and profile are set per profile)."""
+    return PolicyTrainConfig(method=cfg.method, logs=cfg.logs, model=cfg.model, temperature=cfg.temperature,
+                             dtype=cfg.dtype, latency=cfg.latency, steps=cfg.steps, seed=cfg.seed, n_envs=cfg.n_envs,
+                             iters=cfg.iters, action_space=cfg.action_space, obs=cfg.obs, objective=cfg.objective,
+                             progress=cfg.progress)
+
+
+def train_flags(cfg: TransferConfig) -> list[str]:
+    """The same settings as `draftgym train` flags (besides --logs, --method, --out and the profile): what
+    transfer.json records, and what a finished policy must have been trained with to be reused."""
+    flags = ["--seed", str(cfg.seed), "--action-space", cfg.action_space, "--obs", cfg.obs, "--objective", cfg.objective]
+    for flag, v in (("--steps", cfg.steps), ("--n-envs", cfg.n_envs),
+                    ("--iters", None if cfg.iters is None else ",".join(map(str, cfg.iters))),
+                    ("--dtype", cfg.dtype), ("--latency", cfg.latency), ("--model", cfg.model),
+                    ("--temperature", cfg.temperature)):
+        if v is not None:
+            flags += [flag, str(v)]
+    if not cfg.progress:
+        flags.append("--no-progress")
+    return flags
 
 
 def _latency(root, model, spec: str):
-    from simulator.latency import LatencyModel
+    from simulator.latency_model import LatencyModel
 
     if spec.startswith("id:"):
         return LatencyModel.from_logs(root, model=model, profile=spec[3:])
@@ -39,8 +87,9 @@ def _latency(root, model, spec: str):
     return LatencyModel.from_logs(root, model=model, dtype=spec)
 
 
-def _train_flags(spec: str) -> list[str]:
-    return ["--profile", spec[3:]] if spec.startswith("id:") else ["--latency-dtype", spec]
+def _profile_settings(spec: str) -> dict:
+    """The PolicyTrainConfig fields that train against profile `spec`."""
+    return {"profile": spec[3:]} if spec.startswith("id:") else {"latency_dtype": spec}
 
 
 def _slug(spec: str) -> str:
@@ -70,11 +119,13 @@ def finished_policy(d: Path, method: str, logs: str, profile_id: str, train_args
             and r.get("flags") == _train_record(train_args))
 
 
-def train_for_profiles(logs: str, method: str, specs: list[str], out: Path, train_args: list[str], train,
+def train_for_profiles(base: PolicyTrainConfig, specs: list[str], out: Path, train_args: list[str],
                        profile_ids: dict | None = None) -> dict:
-    """One policy per profile via `train(argv)` = `draftgym train` (same flags, only the profile differs).
+    """One policy per profile by `run_trainer` (the same settings `base`, only the profile differs).
     A profile whose policy folder already holds a finished run with the same flags is not retrained."""
-    dirs = {}
+    from simulator.train.run import run_trainer
+
+    logs, method, dirs = base.logs, base.method, {}
     for spec in specs:
         d = out / f"policy-{_slug(spec)}"
         pid = (profile_ids or {}).get(spec)
@@ -83,7 +134,7 @@ def train_for_profiles(logs: str, method: str, specs: list[str], out: Path, trai
                   f"(delete it to retrain)", flush=True)
         else:
             print(f"[transfer] training {method} against profile {spec} -> {d}", flush=True)
-            train(["--logs", logs, "--method", method, "--out", str(d), *_train_flags(spec), *train_args])
+            run_trainer(replace(base, out=str(d), **_profile_settings(spec)))
             (d / "transfer_train.json").write_text(json.dumps({"profile_id": pid, "flags": _train_record(train_args)},
                                                               indent=2) + "\n")
         dirs[spec] = d
@@ -94,7 +145,7 @@ def load_transfer_logs(logs_root: str, split: str = "test", model: str | None = 
                        temperature: float | None = None):
     """The acceptance logs the table replays, with a `split` to measure on: loaded before any training,
     so a wrong partition (model, dtype, temperature) or an empty split fails in one line first."""
-    from simulator.logs import load_logs
+    from simulator.logs.load import load_logs
 
     logs = load_logs(logs_root, model=model, dtype=dtype, temperature=temperature)
     if logs.select(split).n_sequences == 0:
@@ -107,7 +158,7 @@ def cross_table(logs, logs_root: str, policy_dirs: dict, specs: list[str], laten
     """Replay each policy under each profile on `split` of `logs` (`load_transfer_logs`, from
     `logs_root`); grid-best picked on val under that profile."""
     from simulator import baselines as B
-    from simulator.checkpoint import load_checkpoint
+    from simulator.policies.checkpoint import load_checkpoint
     from simulator.replay import autoregressive, simulate
 
     test, val = logs.select(split), logs.select("val")
@@ -167,21 +218,22 @@ def write_report(res: dict, specs: list[str], out: Path) -> None:
     plt.close(fig)
 
 
-def run_transfer_command(args, train_args: list[str], train) -> int:
-    """`draftgym transfer` (simulator/cli.py); train(argv) runs `draftgym train` with argv."""
-    specs = [s.strip() for s in args.profiles.split(",") if s.strip()]
+def run_transfer_command(cfg: TransferConfig) -> int:
+    """`draftgym transfer`: check the profiles, train a policy per profile, replay the table, write the report."""
+    specs = list(cfg.profiles)
     if len(specs) < 2 or len(set(specs)) != len(specs):
         raise DraftGymError("--profiles: two or more distinct profile specs, e.g. float32,bfloat16")
     t0 = time.perf_counter()
     # the logs and every profile exist before any training starts
-    logs = load_transfer_logs(args.logs, args.split, args.model, args.dtype, args.temperature)
-    ids = {s: _latency(args.latency or args.logs, args.model, s).meta.get("profile_id") for s in specs}
-    out = Path(args.out)
+    logs = load_transfer_logs(cfg.logs, cfg.split, cfg.model, cfg.dtype, cfg.temperature)
+    ids = {s: _latency(cfg.latency or cfg.logs, cfg.model, s).meta.get("profile_id") for s in specs}
+    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    dirs = train_for_profiles(args.logs, args.method, specs, out, train_args, train, ids)
-    res = cross_table(logs, args.logs, dirs, specs, args.latency, args.split)
-    from pipeline.fingerprint import environment_fingerprint
-    res.update(method=args.method, train_args=train_args, logs=args.logs, wall_s=time.perf_counter() - t0,
+    train_args = train_flags(cfg)
+    dirs = train_for_profiles(train_config(cfg), specs, out, train_args, ids)
+    res = cross_table(logs, cfg.logs, dirs, specs, cfg.latency, cfg.split)
+    from pipeline.runtime.fingerprint import environment_fingerprint
+    res.update(method=cfg.method, train_args=train_args, logs=cfg.logs, wall_s=time.perf_counter() - t0,
                date=time.strftime("%Y-%m-%d %H:%M:%S"), environment=environment_fingerprint("cpu"))
     write_report(res, specs, out)
     print((out / "transfer.md").read_text())

@@ -8,7 +8,7 @@ import torch
 
 # The suite runs the same on every CPU: the default dtype is pinned to fp32 (the strict, exact path);
 # tests of reduced precision ask for bf16 explicitly. (The machine-dependent default is
-# pipeline.target.default_cpu_dtype, tested in tests/test_dtype.py.)
+# pipeline.decode.target.default_cpu_dtype, tested in tests/test_dtype.py.)
 os.environ["DRAFTGYM_CPU_DTYPE"] = "float32"
 
 
@@ -34,7 +34,7 @@ def tiny_llama():
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded default target (dequantised once into the user cache, then ~5 s to load)."""
-    from pipeline.target import load_target
+    from pipeline.decode.target import load_target
 
     return load_target("smollm2-135m", device="cpu")
 
@@ -45,7 +45,7 @@ def tiny_model_dir(tmp_path_factory):
     so the model-loading code paths (load_target by path, chat template) run in seconds."""
     from transformers import AutoTokenizer
 
-    from pipeline.target import _materialise_smollm2
+    from pipeline.decode.target import _materialise_smollm2
 
     d = tmp_path_factory.mktemp("tiny-llama")
     model = make_tiny_llama(vocab=49152, hidden=16, layers=4, heads=2, kv_heads=1, max_positions=2048)
@@ -59,8 +59,8 @@ def build_tiny_logs(logs, model_dir, n_prompts: int):
     """Logs a `draftgym validate` can use, on the tiny target: MT-bench test + train collections
     (random head, 16 new tokens, W = 10) and a small latency profile. Returns `logs`."""
     from online.cli import main as cli
-    from pipeline.collect import CollectConfig
-    from pipeline.collect_job import run_collect
+    from pipeline.collect.prompt import CollectConfig
+    from pipeline.collect.job import run_collect
 
     for split in ("test", "train"):
         cfg = CollectConfig(model=str(model_dir), head="random", dataset="mt-bench", split=split, n_prompts=n_prompts,

@@ -1,4 +1,4 @@
-"""Batched generation (pipeline/batch_generate.py) and batched collection (collect_prompts): equal to
+"""Batched generation (pipeline/decode/batch_generate.py) and batched collection (collect_prompts): equal to
 batch-1 generation and per-prompt collection in fp32, per-row seeds, EOS, refill, the disk cache."""
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.batch_generate import ContinuationCache, generate_batch
-from pipeline.collect import CollectConfig, collect_prompt, collect_prompts, prompt_seed
-from pipeline.engine import Engine
+from pipeline.decode.batch_generate import ContinuationCache, generate_batch
+from pipeline.collect.prompt import CollectConfig, collect_prompt, collect_prompts, prompt_seed
+from pipeline.decode.engine import Engine
 from pipeline.errors import DraftGymError
-from pipeline.head import random_head
+from pipeline.decode.head import random_head
 from tests.conftest import make_tiny_llama
 
 LENGTHS = (3, 9, 1, 17, 5, 12, 7)
@@ -144,7 +144,8 @@ def test_train_draft_regenerate_uses_batched_greedy(tmp_path, capsys):
     only the missing prompt."""
     from types import SimpleNamespace
 
-    from pipeline.train_draft import TrainConfig, regenerate
+    from pipeline.train_head.config import TrainConfig
+    from pipeline.train_head.data import regenerate
 
     eng, prompts = _setup()
     target = SimpleNamespace(model=eng.model, device=torch.device("cpu"), eos_token_ids={5}, tokenizer=None)
@@ -168,7 +169,7 @@ def test_grouped_prefill_equals_batch1(monkeypatch):
     at most PREFILL_TOKENS padded tokens; rows still equal batch-1 generate_ar (fp32). A target whose
     CausalLM changes logits after the lm_head (here flagged by a soft-capping config field) is
     prefilled one prompt per forward through the CausalLM, with the same rows."""
-    import pipeline.batch_generate as bg
+    import pipeline.decode.batch_generate as bg
 
     eng, prompts = _setup()
     monkeypatch.setattr(bg, "PREFILL_TOKENS", 40)                  # 7 prompts of 1-17 tokens: several groups

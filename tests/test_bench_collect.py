@@ -1,15 +1,15 @@
-"""pipeline.bench_collect: the collection benchmark runs end to end at a tiny size, and its --warm
+"""online.bench.collect: the collection benchmark runs end to end at a tiny size, and its --warm
 re-collection reuses the continuations of a scratch cache without touching the user's."""
 from __future__ import annotations
 
 import json
 import os
 
-from pipeline import bench_collect
+from online.bench import collect as bench_collect
 
 
 def test_bench_collect_cold_and_warm(tmp_path, monkeypatch):
-    from pipeline.target import cache_dir
+    from pipeline.runtime.cache import cache_dir
 
     user_cache = tmp_path / "user-cache"
     user_cache.mkdir()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cluster import FORWARD_ENV, check_address, plan_actors, runtime_env
+from pipeline.collect.cluster import FORWARD_ENV, check_address, plan_actors, runtime_env
 from pipeline.errors import DraftGymError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -137,7 +137,7 @@ def _stop_cluster(temp_dir: str) -> None:
 PROBE = """
 import json, os
 import ray
-from pipeline.cluster import init_ray, node_resources
+from pipeline.collect.cluster import init_ray, node_resources
 init_ray()                                  # RAY_ADDRESS: the test cluster, with the job's runtime_env
 
 
@@ -157,7 +157,7 @@ print(json.dumps({"nodes": nodes, "probes": probes}))
 
 @pytest.mark.slow
 def test_collect_on_a_two_node_cluster(tmp_path, tiny_model_dir, monkeypatch):
-    from pipeline.schema import read_table, table_files
+    from pipeline.logs.schema import read_table, table_files
 
     temp_dir = tempfile.mkdtemp(prefix="dgray", dir="/tmp")     # short: Ray's socket paths must fit 107 bytes
     # one auth mode on every node and the driver (Ray 2.5x+ turns token auth on for a head that finds

@@ -10,15 +10,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.collect import CollectConfig, acceptance_table, collect_prompt, replay_static
-from pipeline.collect_job import run_collect
-from pipeline.controller import StaticController
-from pipeline.engine import Engine
+from pipeline.collect.prompt import CollectConfig, acceptance_table, collect_prompt
+from pipeline.collect.job import run_collect
+from pipeline.decode.controller import StaticController
+from pipeline.decode.engine import Engine
 from pipeline.errors import DataError
-from pipeline.head import random_head
-from pipeline.schema import read_table, table_files
-from pipeline.tree import DraftPool
+from pipeline.decode.head import random_head
+from pipeline.logs.schema import read_table, table_files
+from pipeline.decode.tree import DraftPool
 from tests.conftest import make_tiny_llama
+from tests.helpers import replay_static
 
 GRID = (1, 2, 4, 8, 10, 20, 60)
 
@@ -132,7 +133,7 @@ def test_orphan_positions_are_removed(tmp_path, tiny_model_dir):
 
 def test_bad_shards_give_clear_errors(tmp_path):
     good = tmp_path / "good.parquet"
-    from pipeline.schema import LATENCY, write_atomic
+    from pipeline.logs.schema import LATENCY, write_atomic
 
     write_atomic(pa.Table.from_pylist([], schema=LATENCY), good, "latency")
     raw = good.read_bytes()
@@ -160,9 +161,9 @@ def test_acceptance_distributions_match_the_sampling_rule():
     estimated by running `accept_sampling` many times on the very same tree and target logits."""
     from transformers import DynamicCache
 
-    from pipeline.draft import expand_tree
-    from pipeline.tree import select_tree
-    from pipeline.verify import accept_sampling, target_forward, verify_tree
+    from pipeline.decode.draft import expand_tree
+    from pipeline.decode.tree import select_tree
+    from pipeline.decode.verify import accept_sampling, target_forward, verify_tree
 
     model = make_tiny_llama(vocab=6, hidden=16, seed=3)
     head = random_head(model, seed=1)
@@ -187,7 +188,7 @@ def test_acceptance_distributions_match_the_sampling_rule():
     for D in (1, 2, 4):
         tree = select_tree(pool.truncate_depth(D), 0, y[p], 8)
         vlogits, _ = verify_tree(model, tree, n, cache)
-        from pipeline.verify import crop_cache
+        from pipeline.decode.verify import crop_cache
         crop_cache(cache, n)
         gen = torch.Generator().manual_seed(0)
         counts = np.zeros(5)
@@ -264,8 +265,8 @@ def test_collect_to_file_uri_and_relative_out(tmp_path, tiny_model_dir, monkeypa
 
     import ray
 
-    from pipeline.cluster import init_ray
-    from pipeline.query import connect
+    from pipeline.collect.cluster import init_ray
+    from pipeline.logs.query import connect
 
     cfg = CollectConfig(model=str(tiny_model_dir), head="random", dataset="mt-bench", split=None, n_prompts=1,
                         max_new_tokens=6, max_depth=2, widths=(2,), verify_grid=GRID)
@@ -321,7 +322,7 @@ def test_collect_to_s3(s3_logs, tmp_path, tiny_model_dir, capsys, monkeypatch):
     """Shards, the manifest, failures, resume, --retry-failed and orphan clean-up all go through S3."""
     import pyarrow.fs as pafs
 
-    from pipeline.query import connect
+    from pipeline.logs.query import connect
 
     uri, fs = s3_logs
     monkeypatch.setenv("DRAFTGYM_CACHE", str(tmp_path / "cache"))
@@ -352,8 +353,8 @@ def test_collect_to_s3(s3_logs, tmp_path, tiny_model_dir, capsys, monkeypatch):
     assert connect(local).sql("SELECT count(*) FROM positions").fetchall() == [(sum(
         T - 1 for T in _rows(local, "sequences")["new_tokens"].to_pylist()),)]
     # readers take the URI itself: a local mirror, brought up to date on each call
-    from pipeline.storage import mirror_dir
-    from simulator.logs import load_logs
+    from pipeline.logs.storage import mirror_dir
+    from simulator.logs.load import load_logs
     want = connect(local).sql("SELECT count(*), sum(context_len) FROM positions").fetchall()
     assert connect(uri).sql("SELECT count(*), sum(context_len) FROM positions").fetchall() == want
     mirror = mirror_dir(uri)
@@ -368,6 +369,40 @@ def test_collect_to_s3(s3_logs, tmp_path, tiny_model_dir, capsys, monkeypatch):
     assert main(["query", "--logs", "s3://logs-bucket/nope?" + uri.split("?", 1)[1], "SELECT 1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("draftgym: error:") and "\n" not in err
+
+
+def test_bad_prompts_of_a_file_are_skipped_and_listed_the_rest_collected(tmp_path, tiny_model_dir, capsys):
+    """One policy for a file's unusable prompts: an empty one and one too long for the target's positions
+    are both skipped, listed in the summary and in the failures table (error 'skipped: ...'), and the
+    others are collected; a rerun lists them as skipped again (not as failures to retry). Only a file
+    with no usable prompt is refused, in one line."""
+    def write(name, rows):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(path)
+
+    rows = [{"prompt": "Hi there."}, {"prompt": "   "}, {"prompt": "word " * 2100},
+            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ""}]},
+            {"prompt": "Count to three."}]
+    logs = str(tmp_path / "logs")
+    cmd = ["collect", "--no-ray", "--model", str(tiny_model_dir), "--head", "random", "--max-new-tokens", "6",
+           "--max-depth", "2", "--widths", "2", "--no-progress", "--dataset", write("mine.jsonl", rows), "--out", logs]
+    rc, out, err = _cli(cmd, capsys)
+    assert rc == 0 and err == "" and "collected 2 prompts" in out and "3 skipped, 0 failed" in out
+    assert "skipped mine/1: empty prompt" in out and "skipped mine/3: empty prompt" in out
+    assert "skipped mine/2: prompt too long" in out and "SELECT prompt_id, error FROM failures" in out
+    assert sorted(_rows(logs, "sequences")["prompt_id"].to_pylist()) == ["mine/0", "mine/4"]
+    fails = {r["prompt_id"]: r["error"] for r in _rows(logs, "failures").to_pylist()}
+    assert sorted(fails) == ["mine/1", "mine/2", "mine/3"] and all(e.startswith("skipped: ") for e in fails.values())
+    rc, out, _ = _cli(cmd + ["--json"], capsys)                     # a rerun: skipped again, nothing to retry
+    s = json.loads(out)
+    assert (s["collected"], s["skipped_done"], s["failed_before"]) == (0, 2, [])
+    assert sorted(x.split(":")[0] for x in s["skipped"]) == ["mine/1", "mine/2", "mine/3"]
+    for name, bad, msg in [("empty.jsonl", [{"prompt": ""}, {"prompt": " "}], "all 2 are empty"),
+                           ("bad.jsonl", [{"prompt": ""}, {"prompt": "word " * 2100}], "all 2 were skipped")]:
+        rc, out, err = _cli(cmd[:-4] + ["--dataset", write(name, bad), "--out", logs], capsys)
+        assert rc == 2 and err.startswith("draftgym: error: no usable prompt in ") and msg in err
+        assert err.count("\n") == 1
 
 
 def test_bad_out_uri_is_one_line(capsys):
@@ -389,7 +424,7 @@ def test_bad_batch_sizes_are_one_line(tmp_path, capsys):
 def test_acceptance_distributions_batched_across_roots_equal_one_root_per_forward(monkeypatch):
     """The T > 0 distributions of many roots verified side by side in one forward (block-diagonal tree
     masks) equal those verified one root per forward (DIST_ROWS forcing one tree per forward)."""
-    import pipeline.collect as collect
+    import pipeline.collect.prompt as collect
 
     model = make_tiny_llama(vocab=6, hidden=16, seed=3)
     head = random_head(model, seed=1)
@@ -405,7 +440,7 @@ def test_acceptance_distributions_batched_across_roots_equal_one_root_per_forwar
 
 
 def test_length_groups_cap_members_and_padded_tokens():
-    from pipeline.collect_actor import length_groups
+    from pipeline.collect.actor import length_groups
 
     lens = [10, 10, 20, 30, 100, 250, 900]
     assert length_groups(lens, 3, 1000) == [[0, 1, 2], [3, 4, 5], [6]]           # 3 x 250 <= 1000
@@ -418,7 +453,7 @@ def test_acceptance_table_equals_tree_selection():
     """acceptance_table against the definition, on random pools with tied scores: for each (D, V),
     select the top V-1 nodes of pool[:n_D] with rank_nodes (what the engine verifies) and walk the
     continuation down the selected nodes from the root."""
-    from pipeline.tree import rank_nodes
+    from pipeline.decode.tree import rank_nodes
 
     g = torch.Generator().manual_seed(3)
     W, Dmax, B = 3, 4, 40

@@ -1,4 +1,4 @@
-"""The CPU linear backend (pipeline/cpu_linear.py): packed oneDNN linears compute F.linear, survive
+"""The CPU linear backend (pipeline/runtime/cpu_linear.py): packed oneDNN linears compute F.linear, survive
 copies, weight updates and autograd, and can be switched off; the engine stays lossless on them."""
 import copy
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.cpu_linear import PackedLinear, backend_available, backend_name, pack_linears
+from pipeline.runtime.cpu_linear import PackedLinear, backend_available, backend_name, pack_linears
 from pipeline.errors import DraftGymError
-from pipeline.fingerprint import device_name
+from pipeline.runtime.fingerprint import device_name
 
 pytestmark = pytest.mark.skipif(not backend_available(), reason="this torch build has no oneDNN linear")
 
@@ -54,7 +54,7 @@ def test_copies_updates_and_autograd():
 
 
 def test_no_packing_without_memory(monkeypatch):
-    import pipeline.cpu_linear as cl
+    import pipeline.runtime.cpu_linear as cl
 
     monkeypatch.setattr(cl, "free_memory_bytes", lambda: 1000)
     monkeypatch.setenv("DRAFTGYM_CPU_LINEAR", "onednn")         # restored after the test
@@ -78,9 +78,9 @@ def test_switch_off(monkeypatch):
 
 def test_engine_packs_and_stays_lossless(tiny_llama):
     """The engine packs the target and the head; EAGLE-3 output still equals AR token for token."""
-    from pipeline.controller import StaticController
-    from pipeline.engine import Engine
-    from pipeline.head import random_head
+    from pipeline.decode.controller import StaticController
+    from pipeline.decode.engine import Engine
+    from pipeline.decode.head import random_head
 
     model = copy.deepcopy(tiny_llama)
     eng = Engine(model, random_head(model, seed=11))

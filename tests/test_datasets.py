@@ -283,6 +283,21 @@ def test_bad_rows_name_file_and_row(tmp_path, row, expect):
     assert "rows.json row 1" in msg and expect in msg
 
 
+def test_keep_empty_keeps_empty_prompts_as_records(tmp_path):
+    """keep_empty (what `draftgym collect` asks for, to skip and list them): rows with an empty prompt are
+    records, whose emptiness `has_user_text` tells; the default still names the file and row; a row that
+    is malformed (not just empty) raises either way."""
+    rows = [ROWS[0], {"prompt": "  "}, {"messages": [{"role": "system", "content": "be brief"},
+                                                      {"role": "user", "content": ""}]}]
+    path = _write(tmp_path / "rows.jsonl", rows)
+    recs = load_prompts(str(path), keep_empty=True)
+    assert [r.prompt_id for r in recs] == ["rows/0", "rows/1", "rows/2"]
+    assert [ds.has_user_text(r.messages) for r in recs] == [True, False, False]
+    assert "rows.jsonl line 2: empty prompt" in _err(path)
+    with pytest.raises(DataError, match="neither 'messages' nor 'prompt'"):
+        load_prompts(str(_write(tmp_path / "bad.jsonl", rows + [{"text": "x"}])), keep_empty=True)
+
+
 def test_empty_file_and_duplicate_ids(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n\n")
     assert "empty.jsonl" in _err(tmp_path / "empty.jsonl")

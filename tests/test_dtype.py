@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from pipeline.errors import DataError
-from simulator.latency import LatencyModel
-from simulator.synthetic import SyntheticConfig, latency_rows, write_latency, write_synthetic_logs
+from simulator.latency_model import LatencyModel
+from simulator.logs.synthetic import SyntheticConfig, latency_rows, write_latency, write_synthetic_logs
 
 
 def _rows(profile_id: str, dtype: str, scale: float = 1.0, model: str = "m") -> list[dict]:
@@ -37,7 +37,7 @@ def test_latency_model_picks_the_logs_dtype_and_refuses_mixing():
 
 def test_logs_carry_their_dtype(tmp_path):
     from simulator.evaluate import evaluate
-    from simulator.logs import load_logs
+    from simulator.logs.load import load_logs
 
     write_synthetic_logs(tmp_path, SyntheticConfig(n_sequences=3, widths=(10,)))
     logs = load_logs(tmp_path)
@@ -54,13 +54,13 @@ def test_logs_carry_their_dtype(tmp_path):
 
 
 def test_collect_run_key_includes_dtype():
-    from pipeline.collect import CollectConfig
+    from pipeline.collect.prompt import CollectConfig
 
     assert CollectConfig(dtype="float32").run_key() != CollectConfig(dtype="bfloat16").run_key()
 
 
 def test_device_name_and_fingerprint_name_the_dtype():
-    from pipeline.fingerprint import device_name, environment_fingerprint
+    from pipeline.runtime.fingerprint import device_name, environment_fingerprint
 
     assert device_name("cpu", torch.bfloat16).endswith("torch linear) [bfloat16]")
     assert device_name("cpu", "float32").endswith("linear) [float32]")
@@ -69,7 +69,7 @@ def test_device_name_and_fingerprint_name_the_dtype():
 
 
 def test_default_cpu_dtype(monkeypatch):
-    from pipeline import target as T
+    from pipeline.decode import target as T
     from pipeline.errors import DraftGymError
 
     monkeypatch.setenv(T.CPU_DTYPE_ENV, "bfloat16")
@@ -89,7 +89,7 @@ def test_default_cpu_dtype(monkeypatch):
 def test_emulated_bf16_warns_once(monkeypatch):
     import warnings
 
-    from pipeline import target as T
+    from pipeline.decode import target as T
 
     monkeypatch.setattr(T, "_WARNED_EMULATED", set())
     monkeypatch.setattr(T, "cpu_has_bf16_units", lambda: False)
@@ -119,16 +119,17 @@ def test_bf16_replay_agrees_with_decoding_until_the_first_divergence():
     """bf16 collection, then bf16 decoding of the same prompts: every cycle whose tokens all come before
     the first token where the decoding parts from the logged continuation accepts what the replay says.
     Not every one bit for bit: online drafts read features from the tree-verify forward, collection
-    from one teacher-forced forward (design.md, float caveat); in bf16 that rounding can move a draft
-    score. Measured: 399 of 401 cycles agreed over 48 tokens (BENCHMARKS H3); 61 of 62 over the 32
-    tokens used here, which keep this near a minute where bf16 is emulated (an AVX2-only CPU)."""
-    from pipeline.collect import CollectConfig, collect_prompt
-    from pipeline.controller import StaticController
+    from one teacher-forced forward (docs/design.md, "Exact counterfactual replay": the float caveat);
+    in bf16 that rounding can move a draft score. Measured: 399 of 401 cycles agreed over 48 tokens
+    (BENCHMARKS H3); 61 of 62 over the 32 tokens used here, which keep this near a minute where bf16
+    is emulated (an AVX2-only CPU)."""
+    from pipeline.collect.prompt import CollectConfig, collect_prompt
+    from pipeline.decode.controller import StaticController
     from pipeline.datasets import load_prompts
-    from pipeline.engine import Engine
-    from pipeline.generate import load_head_for
-    from pipeline.lossless import first_difference
-    from pipeline.target import encode_prompt, load_target
+    from pipeline.decode.engine import Engine
+    from pipeline.decode.head import load_head_for
+    from pipeline.decode.lossless import first_difference
+    from pipeline.decode.target import encode_prompt, load_target
 
     t = load_target("smollm2-135m", dtype="bfloat16")
     head = load_head_for("default", t.model)
@@ -179,15 +180,15 @@ def test_long_commands_take_no_progress():
     for name in ("collect", "profile", "validate", "profile-policy", "train", "transfer", "train-draft"):
         assert "--no-progress" in sub.choices[name].format_help(), name
     args = build_parser().parse_args(["profile", "--no-progress"])
-    assert args.no_progress is True
+    assert args.progress is False
 
 
 def test_log_softmax32_equals_the_upcast_path():
-    """pipeline.tree.log_softmax32 casts inside the kernel; its numbers are log_softmax(x.float())'s,
+    """pipeline.decode.tree.log_softmax32 casts inside the kernel; its numbers are log_softmax(x.float())'s,
     bit for bit, for bf16, fp16 and fp32 logits (the engine's log-probs, online and in collection)."""
     import torch.nn.functional as F
 
-    from pipeline.tree import log_softmax32
+    from pipeline.decode.tree import log_softmax32
 
     g = torch.Generator().manual_seed(0)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
@@ -198,11 +199,11 @@ def test_log_softmax32_equals_the_upcast_path():
 
 
 def test_level_stats_equals_log_softmax_topk_entropy():
-    """pipeline.tree.level_stats (chunked, buffers reused) gives bit for bit the top-k log-probs, ids
+    """pipeline.decode.tree.level_stats (chunked, buffers reused) gives bit for bit the top-k log-probs, ids
     and entropies of log_softmax32 -> topk and -(exp(logp) * logp).sum(-1) on the whole tensor, in
     bf16, fp16 and fp32, for the online shapes ([1, Vd], [1, W, Vd]) and collection's ([64, W, Vd]), whatever the
     chunk size. A wrong chunk boundary or a buffer reused across rows would break equality."""
-    from pipeline.tree import level_stats, log_softmax32
+    from pipeline.decode.tree import level_stats, log_softmax32
 
     g = torch.Generator().manual_seed(1)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
@@ -223,7 +224,7 @@ def test_git_commit_marks_uncommitted_code(tmp_path):
     code must not be stamped with a commit that did not produce it); untracked files do not count."""
     import subprocess
 
-    from pipeline.fingerprint import _git_commit
+    from pipeline.runtime.fingerprint import _git_commit
 
     git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *a],
                                     check=True, capture_output=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.controller import Controller, StaticController, TreeShape
-from pipeline.draft import DraftKV, expand_tree
-from pipeline.engine import Engine
-from pipeline.head import random_head
-from pipeline.tree import DraftPool, VerifyTree, select_tree, tree_mask
-from pipeline.verify import accept_greedy, compact_cache, target_forward, verify_tree
+from pipeline.decode.controller import Controller, StaticController, TreeShape
+from pipeline.decode.draft import DraftKV, expand_tree
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import random_head
+from pipeline.decode.tree import DraftPool, VerifyTree, select_tree, tree_mask
+from pipeline.decode.verify import accept_greedy, compact_cache, target_forward, verify_tree
 from tests.conftest import make_tiny_llama
 
 CONFIGS = [  # (D, W, V)

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from pipeline.controller import StaticController
-from pipeline.engine import Engine
+from pipeline.decode.controller import StaticController
+from pipeline.decode.engine import Engine
 from pipeline.errors import DraftGymError, HeadMismatchError
-from pipeline.head import Eagle3Config, Eagle3Head, load_head, random_head, save_head, target_layer_ids
+from pipeline.decode.head import Eagle3Config, Eagle3Head, load_head, random_head, save_head, target_layer_ids
 
 OFFICIAL_KEYS = [
     "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
@@ -162,7 +162,7 @@ def test_gqa_attention_equals_repeated_keys(dtype):
     ~5 % of entries, because folding makes rep*q rows instead of q. The bound is 4 ulps of the largest
     output: a wrong kv-head mapping or mask moves outputs by O(1) (checked below), far above it."""
     import torch.nn.functional as F
-    from pipeline.head_model import causal_mask, gqa_attention
+    from pipeline.decode.head_model import causal_mask, gqa_attention
 
     g = torch.Generator().manual_seed(0)
     B, nkv, rep, q, K, d = 3, 2, 3, 5, 17, 8
@@ -184,7 +184,7 @@ def test_gqa_attention_equals_repeated_keys(dtype):
 def test_kv_buffer_forward_equals_concatenated_past(tiny_llama):
     """A head forward over a KVBuffer (prefix copied once, entries written in place) equals one over
     the concatenated [prefix | new] past, and the buffer then holds exactly that concatenation."""
-    from pipeline.head_model import KVBuffer
+    from pipeline.decode.head_model import KVBuffer
 
     head = random_head(tiny_llama, seed=3)
     cfg, g = head.cfg, torch.Generator().manual_seed(1)
@@ -201,3 +201,30 @@ def test_kv_buffer_forward_equals_concatenated_past(tiny_llama):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert buf.length == S + W and torch.equal(buf.keys[:, :, :S], pk.expand(B, -1, -1, -1))
     assert torch.equal(buf.keys[:, :, S : S + W], b[2][0])
+
+
+def test_head_report_leaves_the_shipped_head_unchanged(tmp_path, monkeypatch, capsys):
+    """`draftgym head-report --head default` writes its plot under data/reports/head-report/ (here below
+    a scratch working directory), never into the shipped head's directory, and prints every run's head
+    name whole, however long (its column fits the names)."""
+    import hashlib
+
+    from online.cli import main
+    from pipeline.decode.head import resolve_head_dir
+
+    head = resolve_head_dir("default")
+
+    def snapshot():
+        return {p.name: (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest()) for p in head.iterdir()}
+
+    before = snapshot()
+    monkeypatch.chdir(tmp_path)
+    assert main(["head-report", "--head", "default"]) == 0
+    printed = capsys.readouterr().out
+    assert snapshot() == before
+    png = tmp_path / "data" / "reports" / "head-report" / f"{head.name}.png"
+    assert png.stat().st_size > 1000 and f"plot: {png.relative_to(tmp_path)}" in printed
+    names = [r["head"] for r in json.loads((head / "manifest.json").read_text())["lineage"]] + ["default"]
+    w = max(map(len, names))
+    table = [ln for ln in printed.splitlines() if ln[:3].strip().isdigit()]
+    assert len(names) > 1 and [ln[5:5 + w].rstrip() for ln in table] == names     # whole names, one column

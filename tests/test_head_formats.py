@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from pipeline.controller import StaticController
-from pipeline.engine import Engine
+from pipeline.decode.controller import StaticController
+from pipeline.decode.engine import Engine
 from pipeline.errors import DraftGymError, HeadMismatchError
-from pipeline.head import (Eagle3Config, Eagle3Head, load_head, random_head, rope_cos_sin, save_head,
+from pipeline.decode.head import (Eagle3Config, Eagle3Head, load_head, random_head, rope_cos_sin, save_head,
                            target_layer_ids)
-from pipeline.head_model import Rope
+from pipeline.decode.head_model import Rope
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 16}

@@ -25,9 +25,53 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
+def _modules() -> dict[str, Path]:
+    """Every module of the three packages, at any depth (`pipeline/decode/engine.py` is
+    `pipeline.decode.engine`; a package's `__init__.py` is the package itself)."""
+    mods = {}
+    for p in PACKAGES:
+        for f in (ROOT / p).rglob("*.py"):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return mods
+
+
+def _resolve(name: str, mods) -> str | None:
+    """The module an imported name lands in: `pipeline.decode.engine.Engine` -> `pipeline.decode.engine`."""
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
 def _graph() -> dict[str, set[str]]:
-    mods = {f"{p}.{f.stem}": f for p in PACKAGES for f in (ROOT / p).glob("*.py") if f.stem != "__init__"}
-    return {m: {i for i in _imports(f) if i in mods and i != m} for m, f in mods.items()}
+    mods = _modules()
+    g = {}
+    for m, f in mods.items():
+        deps = {_resolve(i, mods) for i in _imports(f)}
+        # a package's own __init__ does not count as a dependency of its members (importing
+        # pipeline.decode.engine runs pipeline/decode/__init__.py, which imports nothing)
+        g[m] = {d for d in deps if d and d != m and not m.startswith(d + ".")}
+    return g
+
+
+def test_every_module_is_seen():
+    """The walk goes into subpackages: a module two folders down is in the graph."""
+    mods = _modules()
+    deep = [m for m in mods if m.count(".") >= 2]
+    assert deep, "no module in a subpackage was found"
+    assert all(f.exists() for f in mods.values())
+
+
+def test_no_circles_between_subpackages():
+    """Folders import each other in one direction only: the graph of subpackages has no circle.
+    A module at a package's top level (`pipeline/errors.py`) is a node of its own."""
+    def folder(m):
+        return ".".join(m.split(".")[:2])
+    fg: dict[str, set[str]] = {}
+    for m, deps in _graph().items():
+        fg.setdefault(folder(m), set()).update(folder(d) for d in deps if folder(d) != folder(m))
+    cycles = _cycles(fg)
+    assert not cycles, "circles between subpackages: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
 def test_imports_flow_online_simulator_pipeline():
@@ -36,14 +80,13 @@ def test_imports_flow_online_simulator_pipeline():
     assert not bad, f"imports against the flow online -> simulator -> pipeline: {bad}"
 
 
-def test_no_import_circles():
-    g = _graph()
+def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
     state, stack, cycles = {}, [], []
 
     def visit(m):                       # depth-first search; a grey node met again closes a circle
         state[m] = "grey"
         stack.append(m)
-        for d in sorted(g[m]):
+        for d in sorted(g.get(m, ())):
             if state.get(d) == "grey":
                 cycles.append(stack[stack.index(d):] + [d])
             elif d not in state:
@@ -54,6 +97,11 @@ def test_no_import_circles():
     for m in sorted(g):
         if m not in state:
             visit(m)
+    return cycles
+
+
+def test_no_import_circles():
+    cycles = _cycles(_graph())
     assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
@@ -61,3 +109,8 @@ def test_the_checker_sees_a_circle(tmp_path):
     """The checker itself can fail: a lazy import back is found."""
     (tmp_path / "a.py").write_text("def f():\n    from simulator import b\n")
     assert "simulator.b" in _imports(tmp_path / "a.py")
+
+
+def test_the_checker_sees_a_circle_between_folders():
+    g = {"pipeline.decode": {"pipeline.logs"}, "pipeline.logs": {"pipeline.decode"}}
+    assert _cycles(g)

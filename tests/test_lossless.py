@@ -1,4 +1,4 @@
-"""Lossless in reduced precision: exact / near-tie / mismatch (pipeline/lossless.py).
+"""Lossless in reduced precision: exact / near-tie / mismatch (pipeline/decode/lossless.py).
 
 What these tests must show: the bf16 tolerance passes the harmless divergences (rounding near-ties)
 and does not hide bugs. A deliberately biased acceptance rule (accept a draft when it is among the
@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pipeline.engine as engine_mod
-from pipeline.controller import StaticController
-from pipeline.engine import Engine
-from pipeline.head import random_head
-from pipeline.lossless import (NEAR_TIE_ULPS, ar_logits_at, classify, first_difference, rounding_noise,
+import pipeline.decode.engine as engine_mod
+from pipeline.decode.controller import StaticController
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import load_head_for, random_head
+from pipeline.decode.lossless import (NEAR_TIE_ULPS, ar_logits_at, classify, first_difference, rounding_noise,
                                summarize_verdicts, ulp)
 from tests.conftest import make_tiny_llama
 
@@ -93,8 +93,7 @@ def test_smollm2_bf16_shipped_head(monkeypatch):
     """The embedded default in bf16 with the shipped head on held-out test prompts: divergences happen
     (that is bf16) and every one is a near-tie; the biased rule gives mismatches on the same prompts."""
     from pipeline.datasets import load_prompts
-    from pipeline.generate import load_head_for
-    from pipeline.target import encode_prompt, load_target
+    from pipeline.decode.target import encode_prompt, load_target
 
     t = load_target("smollm2-135m", dtype="bfloat16")
     eng = Engine(t.model, load_head_for("default", t.model), t.eos_token_ids)

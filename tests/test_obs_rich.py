@@ -1,4 +1,4 @@
-"""The "rich" observation variant (simulator/observations_rich.py): the acceptance history by hand,
+"""The "rich" observation variant (simulator/observations/rich.py): the acceptance history by hand,
 and the replay env building the same observations as the policies' hooks in replay (decision
 traces equal on every sequence, with nets made to depend strongly on the rich columns). The
 online side (engine == replay) is in tests/test_sim_online_parity.py."""
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from simulator import observations_rich as rich
-from simulator.checkpoint import load_checkpoint, read_manifest
-from simulator.env import ReplayEnv, resps_shapes
-from simulator.nets import build_net, set_obs_norm
-from simulator.policy_ltd import LTDPolicy
-from simulator.policy_radar import RadarPolicy
-from simulator.policy_resps import ShapePolicy
+from simulator.observations import rich
+from simulator.policies.checkpoint import load_checkpoint, read_manifest
+from simulator.envs.vector import make_replay_env, resps_shapes
+from simulator.policies.nets import build_net, set_obs_norm
+from simulator.policies.ltd import LTDPolicy
+from simulator.policies.radar import RadarPolicy
+from simulator.policies.resps import RespsPolicy
 from simulator.replay import simulate
 from tests.test_sim_fixtures import syn, syn_root  # noqa: F401
 
@@ -93,7 +93,7 @@ def _greedy(net):
 
 
 def _env(logs, lat, mode, **kw):
-    return ReplayEnv(logs, lat, mode, n_envs=1, autoreset=False, width=W, max_depth=logs.max_depth,
+    return make_replay_env(logs, lat, mode, n_envs=1, autoreset=False, width=W, max_depth=logs.max_depth,
                      obs_variant="rich", seed=0, **kw)
 
 
@@ -102,7 +102,7 @@ def _one(logs, s):
 
 
 def _sample(logs, lat, mode, **kw):
-    env = ReplayEnv(logs, lat, mode, n_envs=64, width=W, max_depth=logs.max_depth, obs_variant="rich", seed=1, **kw)
+    env = make_replay_env(logs, lat, mode, n_envs=64, width=W, max_depth=logs.max_depth, obs_variant="rich", seed=1, **kw)
     o, _ = env.reset(seed=1)
     out = [o]
     rng = np.random.default_rng(0)
@@ -221,13 +221,13 @@ def test_shape_env_equals_replay(syn):
     sample = _sample(logs, lat, "shape", shapes=tuple(map(tuple, shapes.tolist())), hold_cycles=hold)
     net = _net({"type": "mlp", "in": rich.obs_dim("resps", "rich"), "hidden": [16], "out": len(shapes),
                 "obs_norm": True}, sample, 8, 4)
-    pol = ShapePolicy(net, shapes, hold=hold, max_depth=logs.max_depth, obs_variant="rich")
+    pol = RespsPolicy(net, shapes, hold=hold, max_depth=logs.max_depth, obs_variant="rich")
     chosen = set()
     for s in range(logs.n_sequences):
         one = _one(logs, s)
         tr = simulate(pol, one, lat, trace=True).trace
         want = [(int(v), int(d), int(w)) for v, d, w in zip(tr["verify"][::hold], tr["depth"][::hold], tr["width"][::hold])]
-        env = ReplayEnv(one, lat, "shape", n_envs=1, autoreset=False, shapes=tuple(map(tuple, shapes.tolist())),
+        env = make_replay_env(one, lat, "shape", n_envs=1, autoreset=False, shapes=tuple(map(tuple, shapes.tolist())),
                         hold_cycles=hold, max_depth=logs.max_depth, obs_variant="rich", seed=0)
         o, _ = env.reset(seed=0)
         got = []
@@ -245,11 +245,11 @@ def test_shape_env_equals_replay(syn):
 
 def test_burn_in_gives_mid_sequence_episodes_a_history(syn):
     logs, lat = syn
-    env = ReplayEnv(logs.with_width(W), lat, "radar", n_envs=64, width=W, episode_cycles=1, obs_variant="rich", seed=0)
+    env = make_replay_env(logs.with_width(W), lat, "radar", n_envs=64, width=W, episode_cycles=1, obs_variant="rich", seed=0)
     o, _ = env.reset(seed=0)
     hist = o[:, -4:]
     assert (hist[:, 0] == 1).mean() > 0.5            # most episodes start after >= 1 burn-in cycle
-    env0 = ReplayEnv(logs.with_width(W), lat, "radar", n_envs=64, width=W, episode_cycles=1, obs_variant="rich",
+    env0 = make_replay_env(logs.with_width(W), lat, "radar", n_envs=64, width=W, episode_cycles=1, obs_variant="rich",
                      history_burn_in=0, seed=0)
     assert (env0.reset(seed=0)[0][:, -4:] == 0).all()
 

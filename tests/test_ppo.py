@@ -1,4 +1,4 @@
-"""simulator/ppo.py learns: a contextual bandit whose best action is the sign of the observation is
+"""simulator/train/ppo.py learns: a contextual bandit whose best action is the sign of the observation is
 solved in a few updates, in fp32 and under bf16 autocast (PPOConfig.amp). A sign error in the
 surrogate, the advantages or the log-probabilities makes it fail."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from simulator.ppo import PPOConfig, ppo_train
+from simulator.train.ppo import PPOConfig, ppo_train
 
 
 class SignBandit:

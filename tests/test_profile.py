@@ -6,7 +6,7 @@ import json
 import pytest
 
 from online.cli import main as cli
-from pipeline.schema import read_table, table_files
+from pipeline.logs.schema import read_table, table_files
 
 
 def test_profile_tiny(tmp_path, tiny_model_dir, capsys):
@@ -25,15 +25,38 @@ def test_profile_tiny(tmp_path, tiny_model_dir, capsys):
         {(v, c) for v in (1, 8, 32) for c in (16, 64)}
 
 
+def test_profile_batch_sizes(tmp_path, tiny_model_dir, capsys):
+    """--batch-sizes 1,2: today's batch-1 rows plus draft_step / verify / policy rows over 2 rows (no
+    overhead at B > 1), and a latency model that answers batch 2."""
+    from simulator.latency_model import LatencyModel
+
+    rc = cli(["profile", "--model", str(tiny_model_dir), "--head", "random", "--widths", "2", "--verify-sizes", "1,4",
+              "--contexts", "16", "--repeats", "2", "--cycle-tokens", "8", "--batch-sizes", "1,2", "--out", str(tmp_path), "--json", "--no-progress"])
+    assert rc == 0
+    t = read_table(table_files(tmp_path, "latency")[0], "latency").to_pylist()
+    cells = {(r["op"], r["width"], r["verify_size"], r["context_len"], r["batch"]) for r in t}
+    assert cells == {("verify", 0, 1, 16, 1), ("verify", 0, 4, 16, 1), ("draft_step", 2, 0, 16, 1), ("policy", 0, 0, 0, 1),
+                     ("overhead", 10, 60, 0, 1),
+                     ("verify", 0, 1, 16, 2), ("verify", 0, 4, 16, 2), ("draft_step", 2, 0, 16, 2), ("policy", 0, 0, 0, 2)}
+    for r in t:
+        assert r["p10"] <= r["median"] <= r["p90"] and r["n"] >= 2
+    lat = LatencyModel.from_rows(t)
+    assert lat.batch_levels == [1, 2]
+    b2 = next(r for r in t if r["op"] == "verify" and r["verify_size"] == 4 and r["batch"] == 2)
+    assert lat.t_verify(4, 16, batch=2) == pytest.approx(b2["mean"])
+
+
 def test_profile_bad_args(capsys):
     assert cli(["profile", "--head", "/no/such/head"]) == 2
     assert "EAGLE-3 head directory not found" in capsys.readouterr().err
     assert cli(["profile", "--verify-sizes", "1,x"]) == 2
+    assert cli(["profile", "--batch-sizes", "1,0"]) == 2
+    assert "--batch-sizes values must be >= 1" in capsys.readouterr().err
 
 
 def test_speed_factor_is_the_median_cell_ratio():
     """InSituSampler.speed_factor: per sampled cell, mean(segment) / mean(all); the median over cells."""
-    from pipeline.profile import InSituSampler
+    from pipeline.profiling.profile import InSituSampler
 
     s = object.__new__(InSituSampler)            # only the sample stores: no engine needed
     s.verify, s.drafts, s.by_segment = {}, {}, {}

@@ -1,4 +1,4 @@
-"""`pipeline.query`: DuckDB views, example queries, Polars scans and the `draftgym query` CLI, on tiny
+"""`pipeline.logs.query`: DuckDB views, example queries, Polars scans and the `draftgym query` CLI, on tiny
 hand-built logs whose expected aggregates are computed by hand below (no model is loaded)."""
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import DataError, DraftGymError
-from pipeline.query import EXAMPLES, acceptance_array, connect, run_sql, scan
-from pipeline.schema import (CYCLES, LATENCY, SCHEMA_VERSION, SEQUENCES, TABLE_KEY, VERSION_KEY, partition_dir,
+from pipeline.logs.query import acceptance_array, connect, run_sql, scan
+from pipeline.logs.query_examples import EXAMPLES
+from pipeline.logs.schema import (CYCLES, LATENCY, SCHEMA_VERSION, SEQUENCES, TABLE_KEY, VERSION_KEY, partition_dir,
                              positions_schema, write_atomic)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,7 @@ def write_sequence(root: Path, run_key: str, pid: str, widths: list[int]) -> Pat
 
 
 def write_latency(root: Path) -> None:
-    """Two profiles, laid out as pipeline/profile.py does (<logs>/latency/model=<m>/<profile>.parquet)."""
+    """Two profiles, laid out as pipeline/profiling/profile.py does (<logs>/latency/model=<m>/<profile>.parquet)."""
     base = {"schema_version": SCHEMA_VERSION, "device": "cpu-test", "device_type": "cpu", "model_id": MODEL,
             "head_id": "h", "dtype": "float32", "context_len": 16, "batch": 1, "n": 10, "env_json": "{}"}
     for prof, verify_med in (("p1", 0.020), ("p2", 0.040)):
@@ -215,7 +216,7 @@ def test_accept_hist_by_depth(con):
 
 
 def _replay(m: list[int], D: int, V: int) -> tuple[int, int]:
-    """Reference walk (pipeline.collect.replay_static + the engine's capped `emitted`)."""
+    """Reference walk (tests.helpers.replay_static + the engine's capped `emitted`)."""
     p, cycles, emitted = 0, 0, 0
     while p < NEW_TOKENS - 1:
         L = min(D, m[p], CAP[V])

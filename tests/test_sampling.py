@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pipeline.engine as engine_mod
-from pipeline.controller import StaticController
-from pipeline.engine import Engine
-from pipeline.head import random_head
+import pipeline.decode.engine as engine_mod
+from pipeline.decode.controller import StaticController
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import random_head
 from tests.conftest import make_tiny_llama
 
 VOCAB, PROMPT, N_RUNS = 6, [1, 4, 2], 1500

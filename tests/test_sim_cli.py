@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from online.cli import main
-from simulator.observations import ltd_depth_obs_dim, ltd_size_obs_dim
-from simulator.checkpoint import load_checkpoint, save_policy
-from simulator.nets import build_net
-from simulator.policy_ltd import LTDPolicy
+from simulator.observations.paper import ltd_depth_obs_dim, ltd_size_obs_dim
+from simulator.policies.checkpoint import load_checkpoint, save_policy
+from simulator.policies.nets import build_net
+from simulator.policies.ltd import LTDPolicy
 from simulator.replay import simulate
 from tests.test_sim_fixtures import syn, syn_root  # noqa: F401
 

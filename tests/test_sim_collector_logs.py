@@ -4,13 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.collect import CollectConfig, replay_static
-from pipeline.collect_job import run_collect
+from pipeline.collect.prompt import CollectConfig
+from pipeline.collect.job import run_collect
 from simulator import baselines as B
-from simulator.env import ReplayEnv
-from simulator.latency import LatencyModel
-from simulator.logs import load_logs
+from simulator.envs.vector import make_replay_env
+from simulator.latency_model import LatencyModel
+from simulator.logs.load import load_logs
 from simulator.replay import simulate
+from tests.helpers import replay_static
 
 GRID = (1, 2, 4, 8, 10, 20, 60)
 LAT = LatencyModel.from_constants(draft_step=0.004, verify=0.03, verify_per_token=5e-4, policy=1e-4, overhead=1e-3)
@@ -34,7 +35,7 @@ def test_collector_logs_replay(tmp_path, tiny_model_dir, temperature):
     if temperature > 0:
         odd = logs.position % 2 == 1
         assert np.isnan(dist[odd]).all() and np.allclose(dist[~odd].sum(-1), 1, atol=1e-4)
-        env = ReplayEnv(logs, LAT, "radar", n_envs=8, width=2, verify_size=20, radar_reward="expected")
+        env = make_replay_env(logs, LAT, "radar", n_envs=8, width=2, verify_size=20, radar_reward="expected")
         env.reset(seed=0)
         for _ in range(5):
             _, r, *_ = env.step(np.ones(8, np.int64))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.synthetic import SyntheticConfig, write_positions, write_sequences, write_synthetic_logs
+from simulator.logs.synthetic import SyntheticConfig, write_positions, write_sequences, write_synthetic_logs
 
 HAND_MODEL, HAND_DATASET = "tiny", "hand"
 HAND_GRID = (1, 10, 60)
@@ -61,7 +61,7 @@ def syn_root(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def syn(syn_root):
-    from simulator.latency import LatencyModel
-    from simulator.logs import load_logs
+    from simulator.latency_model import LatencyModel
+    from simulator.logs.load import load_logs
 
     return load_logs(syn_root, widths="all"), LatencyModel.from_logs(syn_root)

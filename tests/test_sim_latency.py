@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from pipeline.errors import DataError
-from pipeline.schema import read_table, table_files
-from simulator.latency import LatencyModel
-from simulator.synthetic import latency_rows, write_latency
+from pipeline.logs.schema import read_table, table_files
+from simulator.latency_model import LatencyModel
+from simulator.logs.synthetic import latency_rows, write_latency
 from tests.test_sim_fixtures import syn, syn_root  # noqa: F401
 
 

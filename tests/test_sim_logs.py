@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import DataError
-from pipeline.schema import LATENCY, SEQUENCES, check_file, positions_schema, table_files
-from simulator.logs import load_logs
-from simulator.synthetic import write_positions
+from pipeline.logs.schema import LATENCY, SEQUENCES, check_file, positions_schema, table_files
+from simulator.logs.load import load_logs
+from simulator.logs.synthetic import write_positions
 from tests.test_sim_fixtures import (HAND_DMAX, HAND_GRID, HAND_SEQS, HAND_W, SYN_CFG, hand_acceptance,  # noqa: F401
                                      hand_root, syn, syn_root)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.controller import CycleRecord
-from pipeline.tree import DraftStep
-from simulator import observations as O
+from pipeline.decode.controller import CycleRecord
+from pipeline.decode.tree import DraftStep
+from simulator.observations import paper as O
+from tests.helpers import ltd_depth_obs_from_step, resps_obs_from_record
 from tests.test_sim_fixtures import syn, syn_root  # noqa: F401
 
 
@@ -25,7 +26,7 @@ def test_depth_obs_step_equals_batched(syn):
         step = DraftStep(depth=d, width=W, beam_scores=torch.from_numpy(wa.beam_scores[r, d - 1]),
                          candidate_scores=torch.from_numpy(wa.candidate_scores[r, d - 1, :k]),
                          entropy=torch.from_numpy(wa.entropy[r, d - 1]), context_len=int(logs.context_len[r]))
-        assert np.array_equal(O.ltd_depth_obs_from_step(step), batched[3])
+        assert np.array_equal(ltd_depth_obs_from_step(step), batched[3])
     o = batched[0]
     assert (np.diff(o[: W * W]) <= 0).all() and o[W * W] == 5 and o[-1] == logs.context_len[rows[0]] / 1000
 
@@ -91,10 +92,10 @@ def test_radar_and_resps_obs(syn):
     assert x.shape == (50, 10) and (x >= 0).all() and (x <= 1).all() and (np.diff(x, axis=1) <= 0).all()
     rec = CycleRecord(depth=5, width=8, verify_size=50, accepted=3, emitted=4, context_len=100, t_draft=0,
                       t_verify=0, t_controller=0, t_cycle=0)
-    one = O.resps_obs_from_record(rec, torch.tensor([-0.1, -2.0, -3.0]), 104)
+    one = resps_obs_from_record(rec, torch.tensor([-0.1, -2.0, -3.0]), 104)
     assert one.shape == (O.RESPS_DIM,) and one.dtype == np.float32
     assert one[0] == np.float32(-0.1) and one[3] == O.SCORE_FLOOR and one[-1] == 1
-    none = O.resps_obs_from_record(None, None, 104)
+    none = resps_obs_from_record(None, None, 104)
     assert none[-1] == 0 and (none[O.RESPS_ROOT_K:-2] == 0).all()
     batch = O.resps_obs(np.tile([-0.1, -2.0, -3.0], (2, 1)), [3, 0], [5, 0], [50, 0], [8, 0], [4, 0], [104, 104],
                         [1, 0])
@@ -102,6 +103,6 @@ def test_radar_and_resps_obs(syn):
 
 
 def test_size_actions_and_heuristic_stats():
-    assert O.size_action_to_verify(np.arange(12)).tolist() == list(range(20, 241, 20))
+    assert list(O.SIZE_ACTIONS) == list(range(20, 241, 20))           # LTD size action a -> V = 20 + 20 a
     assert O.best_beam_score([[-0.5, -0.2, np.nan]]).tolist() == [np.float32(-0.2)]
     assert O.best_beam_entropy([[0.7, np.nan]]).tolist() == [np.float32(0.7)]

@@ -6,22 +6,22 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.collect import CollectConfig, collect_prompt
-from pipeline.engine import Engine
+from pipeline.collect.prompt import CollectConfig, collect_prompt
+from pipeline.decode.engine import Engine
 from pipeline.errors import DraftGymError
-from pipeline.head import random_head
+from pipeline.decode.head import random_head
 from simulator import baselines as B
-from simulator import observations_rich as rich
-from simulator.latency import LatencyModel
-from simulator.logs import load_logs
-from simulator.observations import RESPS_DIM, ltd_depth_obs_dim, ltd_size_obs_dim
-from online.policy_controller import PolicyController
-from simulator.nets import build_net
-from simulator.policy_ltd import LTDPolicy
-from simulator.policy_radar import RadarPolicy
-from simulator.policy_resps import ShapePolicy
+from simulator.observations import rich
+from simulator.latency_model import LatencyModel
+from simulator.logs.load import load_logs
+from simulator.observations.paper import RESPS_DIM, ltd_depth_obs_dim, ltd_size_obs_dim
+from online.policy_adapter import PolicyController
+from simulator.policies.nets import build_net
+from simulator.policies.ltd import LTDPolicy
+from simulator.policies.radar import RadarPolicy
+from simulator.policies.resps import RespsPolicy
 from simulator.replay import simulate
-from simulator.synthetic import write_positions, write_sequences
+from simulator.logs.synthetic import write_positions, write_sequences
 from tests.conftest import make_tiny_llama
 
 GRID = (1, 2, 4, 8, 10, 20, 30)
@@ -63,8 +63,8 @@ def collected(tmp_path_factory):
 def _policies(logs):
     """Policies whose decisions vary on these logs: thresholds at the data's medians, nets with fitted
     input standardisation (seeds picked so the random nets' decisions vary: LTD D in 2..5, V in 1..30)."""
-    from simulator.observations import best_beam_entropy, best_beam_score, ltd_depth_obs, ltd_size_obs, resps_obs
-    from simulator.nets import set_obs_norm
+    from simulator.observations.paper import best_beam_entropy, best_beam_score, ltd_depth_obs, ltd_size_obs, resps_obs
+    from simulator.policies.nets import set_obs_norm
 
     wa = logs.w[W]
     ddd_thr = float(np.median(best_beam_score(wa.beam_scores[:, 1])))
@@ -97,10 +97,10 @@ def _policies(logs):
             B.EntropyStopPolicy(theta=theta, width=W, verify=30, max_depth=DMAX), B.GoodputPolicy.fit(logs, LAT, width=W, verify=30),
             LTDPolicy(depth, size, width=W, max_depth=DMAX, size_values=GRID),
             RadarPolicy(radar, width=W, verify_size=30, max_calls=DMAX),
-            ShapePolicy(shape, shapes, hold=2, max_depth=DMAX),
+            RespsPolicy(shape, shapes, hold=2, max_depth=DMAX),
             LTDPolicy(depth_r, size_r, width=W, max_depth=DMAX, size_values=GRID, name="ltd-rich", obs_variant="rich"),
             RadarPolicy(radar_r, width=W, verify_size=30, max_calls=DMAX, name="radar-rich", obs_variant="rich"),
-            ShapePolicy(shape_r, shapes, hold=2, max_depth=DMAX, name="resps-rich", obs_variant="rich")]
+            RespsPolicy(shape_r, shapes, hold=2, max_depth=DMAX, name="resps-rich", obs_variant="rich")]
 
 
 LAT = LatencyModel.from_constants(draft_step=0.004, verify=0.03, verify_per_token=5e-4)
@@ -149,6 +149,18 @@ def test_controller_takes_the_batch1_paths(collected):
         assert ctrl.calls == calls["continue_one"] + calls["verify_size_one"], pol.name
 
 
+def test_policy_controller_is_a_controller():
+    """The adapter is a plain Controller subclass (the engine's interface), for any policy."""
+    from online.controller_specs import make_controller
+    from pipeline.decode.controller import Controller, StaticController
+
+    ctrl = PolicyController(B.StaticPolicy(2, 3, 4))
+    assert isinstance(ctrl, Controller) and isinstance(ctrl, PolicyController)
+    assert type(ctrl) is PolicyController
+    assert isinstance(make_controller("ddd"), PolicyController)
+    assert type(make_controller("static:2,3,4")) is StaticController
+
+
 def test_oracle_is_offline_only(collected):
     _, logs, _ = collected
     with pytest.raises(DraftGymError, match="offline only"):
@@ -158,8 +170,8 @@ def test_oracle_is_offline_only(collected):
 def test_numpy_mlp_matches_torch():
     """The online controller's batch-1 numpy forward is the torch net's function: logits to 1e-5,
     also with only the drafted levels' weight rows read (LTD's size observation, padded levels)."""
-    from simulator.observations import SCORE_FLOOR, ltd_size_obs
-    from simulator.nets import NumpyMLP, set_obs_norm
+    from simulator.observations.paper import SCORE_FLOOR, ltd_size_obs
+    from simulator.policies.nets import NumpyMLP, set_obs_norm
 
     Wd, Dm = 4, 5
     n_in = ltd_size_obs_dim(Wd, Dm)
@@ -192,12 +204,12 @@ def test_numpy_radar_matches_torch():
     """RADAR's batch-1 numpy step (LSTMCell + MLP) is the torch net's function over a whole
     trajectory of calls: logits and LSTM state to 1e-5, the same STOP/CONTINUE decisions, and a
     batch-1 RadarPolicy makes the same decisions as the batched torch path."""
-    from simulator.policy import StepBatch
-    from simulator.nets import NumpyRadar, RadarNet
-    from simulator.policy_radar import RadarPolicy
+    from simulator.policies.base import StepBatch
+    from simulator.policies.nets import NumpyRadar, make_radar_net
+    from simulator.policies.radar import RadarPolicy
 
     torch.manual_seed(4)
-    net = RadarNet(n_in=6, hidden=16, mlp_hidden=12).eval()
+    net = make_radar_net(n_in=6, hidden=16, mlp_hidden=12).eval()
     fast = NumpyRadar(net)
     rng = np.random.default_rng(1)
     h, c = net.init_state(1)

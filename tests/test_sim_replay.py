@@ -4,17 +4,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.collect import replay_static
 from simulator import baselines as B
-from simulator.env import EnvConfig, ReplayEnv, ReplayGymEnv, resps_shapes
-from simulator.latency import LatencyModel
-from simulator.logs import load_logs
-from simulator.observations import RESPS_DIM, ltd_depth_obs_dim, ltd_size_obs_dim
-from simulator.nets import build_net
-from simulator.policy_ltd import LTDPolicy
-from simulator.policy_radar import RadarPolicy
-from simulator.policy_resps import ShapePolicy
+from simulator.envs.vector import EnvConfig, make_replay_env, make_replay_gym_env, resps_shapes
+from simulator.latency_model import LatencyModel
+from simulator.logs.load import load_logs
+from simulator.observations.paper import RESPS_DIM, ltd_depth_obs_dim, ltd_size_obs_dim
+from simulator.policies.nets import build_net
+from simulator.policies.ltd import LTDPolicy
+from simulator.policies.radar import RadarPolicy
+from simulator.policies.resps import RespsPolicy
 from simulator.replay import autoregressive, simulate
+from tests.helpers import replay_static
 from tests.test_sim_fixtures import HAND_GRID, HAND_SEQS, hand_root, syn, syn_root  # noqa: F401
 
 LAT = LatencyModel.from_constants(draft_step=0.01, verify=0.1, verify_per_token=0.001, policy=0.002, overhead=0.005)
@@ -43,7 +43,7 @@ def test_static_default_hand_trace(hand_root):
 
 def test_depth_env_replays_hand_trace(hand_root):
     logs = load_logs(hand_root, split="train")                # sequence A only
-    env = ReplayEnv(logs, LAT, "depth", n_envs=1, autoreset=False)
+    env = make_replay_env(logs, LAT, "depth", n_envs=1, autoreset=False)
     o, _ = env.reset(seed=0)
     assert o.shape == (1, ltd_depth_obs_dim(10))
     ps, rewards, steps = [int(env.p[0])], [], 0
@@ -68,13 +68,13 @@ def test_depth_env_replays_hand_trace(hand_root):
 
 def test_size_and_radar_envs_hand(hand_root):
     logs = load_logs(hand_root, split="train")
-    env = ReplayEnv(logs, LAT, "size", n_envs=1, autoreset=False, depth_policy=lambda o: np.ones(len(o), bool),
+    env = make_replay_env(logs, LAT, "size", n_envs=1, autoreset=False, depth_policy=lambda o: np.ones(len(o), bool),
                     size_values=[10, 60])
     env.reset(seed=0)
     assert env.D[0] == 8                                       # the depth policy always continues
     _, r, *_ = env.step(np.array([1]))                         # V = 60
     assert env.p[0] == 4 and r[0] == pytest.approx(4 / (T_STATIC + 8 * 0.002))
-    env = ReplayEnv(logs, LAT, "radar", n_envs=1, autoreset=False, radar_alpha=0.5)
+    env = make_replay_env(logs, LAT, "radar", n_envs=1, autoreset=False, radar_alpha=0.5)
     env.reset(seed=0)
     for _ in range(7):
         _, r, *_, info = env.step(np.array([1]))
@@ -91,7 +91,7 @@ def test_rate_objective_hand(hand_root):
     shallow one (2 tokens in 0.128 s) although its own ratio is lower (15.4 < 15.6 tokens/s)."""
     logs = load_logs(hand_root, split="train")
     lam = 10.0
-    env = ReplayEnv(logs, LAT, "depth", n_envs=1, autoreset=False, objective="rate", rate_ref=lam)
+    env = make_replay_env(logs, LAT, "depth", n_envs=1, autoreset=False, objective="rate", rate_ref=lam)
     env.reset(seed=0)
     for _ in range(6):
         env.step(np.array([1]))
@@ -103,24 +103,24 @@ def test_rate_objective_hand(hand_root):
     t_shallow = 0.01 + 0.111 + 0.005 + 0.002
     assert r_shallow[0] == pytest.approx(2 - lam * t_shallow)
     assert 4 / t_deep < 2 / t_shallow and r_deep[0] > r_shallow[0]       # ratio and rate disagree here
-    env = ReplayEnv(logs, LAT, "size", n_envs=1, autoreset=False, depth_policy=lambda o: np.ones(len(o), bool),
+    env = make_replay_env(logs, LAT, "size", n_envs=1, autoreset=False, depth_policy=lambda o: np.ones(len(o), bool),
                     size_values=[10, 60], objective="rate", rate_ref=lam)
     env.reset(seed=0)
     _, r, *_ = env.step(np.array([1]))
     assert r[0] == pytest.approx(4 - lam * (T_STATIC + 8 * 0.002))
-    env = ReplayEnv(logs, LAT, "radar", n_envs=1, autoreset=False, objective="rate", rate_ref=lam)
+    env = make_replay_env(logs, LAT, "radar", n_envs=1, autoreset=False, objective="rate", rate_ref=lam)
     env.reset(seed=0)
     _, r, *_, info = env.step(np.array([0]))                   # stop after call 1: D = 1, V = 60 -> 11
     assert info["cycle_end"][0] and r[0] == pytest.approx(2 - lam * t_shallow)
-    env = ReplayEnv(logs, LAT, "shape", n_envs=1, autoreset=False, hold_cycles=3, shapes=((60, 8, 10),),
+    env = make_replay_env(logs, LAT, "shape", n_envs=1, autoreset=False, hold_cycles=3, shapes=((60, 8, 10),),
                     objective="rate", rate_ref=lam)
     env.reset(seed=0)
     _, r, *_ = env.step(np.array([0]))                         # A's three static cycles: 4 + 1 + 6 tokens
     assert r[0] == pytest.approx(11 - lam * (3 * T_STATIC + 0.002))
     with pytest.raises(ValueError, match="rate_ref"):
-        ReplayEnv(logs, LAT, "depth", n_envs=1, objective="rate")
+        make_replay_env(logs, LAT, "depth", n_envs=1, objective="rate")
     with pytest.raises(ValueError, match="unknown objective"):
-        ReplayEnv(logs, LAT, "depth", n_envs=1, objective="tokens")
+        make_replay_env(logs, LAT, "depth", n_envs=1, objective="tokens")
 
 
 def _random_mlp(i, o, hidden=(32,), seed=0):
@@ -141,7 +141,7 @@ def _policies(logs, lat):
             B.RandomShapePolicy(logs, seed=1), B.OraclePolicy(logs, lat, "depth"),
             LTDPolicy(_random_mlp(ltd_depth_obs_dim(10), 2), _random_mlp(ltd_size_obs_dim(10), 12, seed=1)),
             LTDPolicy(None, _random_mlp(ltd_size_obs_dim(10), 12, seed=2), sample=True),
-            RadarPolicy(radar), ShapePolicy(_random_mlp(RESPS_DIM, len(shapes)), shapes, hold=3)]
+            RadarPolicy(radar), RespsPolicy(_random_mlp(RESPS_DIM, len(shapes)), shapes, hold=3)]
 
 
 def test_oracle_bounds_every_policy_on_every_sequence(syn):
@@ -178,7 +178,7 @@ def test_env_determinism(syn, mode):
     logs, lat = syn
 
     def run(seed, noise):
-        env = ReplayEnv(logs, lat, mode, n_envs=16, episode_cycles=5, latency_noise=noise)
+        env = make_replay_env(logs, lat, mode, n_envs=16, episode_cycles=5, latency_noise=noise)
         o, _ = env.reset(seed=seed)
         rng = np.random.default_rng(0)
         out = [o]
@@ -211,7 +211,7 @@ def test_gymnasium_check_env(syn, mode):
     with warnings.catch_warnings():
         warnings.simplefilter("error")                          # no checker warnings either
         # shape: one step holds 10 cycles, so episodes are whole sequences (a 4-cycle budget ends at step 1)
-        check_env(ReplayGymEnv(logs, lat, mode, episode_cycles=None if mode == "shape" else 4), skip_render_check=True)
+        check_env(make_replay_gym_env(logs, lat, mode, episode_cycles=None if mode == "shape" else 4), skip_render_check=True)
 
 
 def test_shape_env_restricts_to_logged_widths(syn):
@@ -222,7 +222,7 @@ def test_shape_env_restricts_to_logged_widths(syn):
     only10 = logs.with_width(10)
     only10 = type(only10)(**{**only10.__dict__, "w": {10: only10.w[10]}})
     assert set(resps_shapes(only10)[:, 2].tolist()) == {10}    # none of Re-SpS's widths logged: the logged one
-    env = ReplayEnv(logs, lat, "shape", n_envs=4, hold_cycles=3, config=EnvConfig())
+    env = make_replay_env(logs, lat, "shape", n_envs=4, hold_cycles=3, config=EnvConfig())
     env.reset(seed=0)
     _, r, *_, info = env.step(np.zeros(4, np.int64))
     assert (info["held_cycles"] <= 3).all() and (r > 0).all()
@@ -233,7 +233,7 @@ def test_depth_env_throughput_smoke(syn):
     import time
 
     logs, lat = syn
-    env = ReplayEnv(logs, lat, "depth", n_envs=2048)
+    env = make_replay_env(logs, lat, "depth", n_envs=2048)
     env.reset(seed=0)
     a = np.ones(env.n, np.int64)
     t = time.perf_counter()

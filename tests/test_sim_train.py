@@ -7,17 +7,17 @@ from dataclasses import replace
 import numpy as np
 
 from online.cli import main
-from simulator.checkpoint import load_checkpoint, read_manifest
-from simulator.ppo import PPOConfig
+from simulator.policies.checkpoint import load_checkpoint, read_manifest
+from simulator.train.ppo import PPOConfig
 from simulator.replay import simulate
-from simulator.train_common import load_training_data
+from simulator.train.common import load_training_data
 from tests.test_sim_fixtures import syn, syn_root  # noqa: F401
 
 TINY = dict(n_envs=32, n_steps=8, minibatch=64, epochs=2, eval_every=1)
 
 
 def test_ltd_coadaptation_tiny(syn_root, tmp_path):
-    from simulator.train_ltd import LTDConfig, save_ltd, train_ltd
+    from simulator.train.ltd import LTDConfig, save_ltd, train_ltd
 
     data = load_training_data(syn_root)
     cfg = LTDConfig(depth_steps=512, size_steps=256, iters=(0, 1, 2),
@@ -47,10 +47,10 @@ def test_radar_cli_tiny(syn_root, tmp_path, capsys):
 
 
 def test_resps_tiny(syn_root, tmp_path):
-    from simulator.train_resps import ResSpSConfig, train_resps
+    from simulator.train.resps import RespsConfig, train_resps
 
     data = load_training_data(syn_root, widths="all")
-    cfg = ResSpSConfig(steps=256, ppo=PPOConfig(gamma=0.0, actor_hidden=(16,), critic_hidden=(16,), boundary="step",
+    cfg = RespsConfig(steps=256, ppo=PPOConfig(gamma=0.0, actor_hidden=(16,), critic_hidden=(16,), boundary="step",
                                                 ent_coef=0.1, lr=3e-4, **TINY))
     res = train_resps(data, cfg, progress=False)
     assert np.isfinite(res["val"]) and len(res["shapes"]) > 0
@@ -60,8 +60,8 @@ def test_resps_tiny(syn_root, tmp_path):
 
 def test_wide_action_space(syn_root, tmp_path, capsys):
     """--action-space wide: small trees join the seeds' sets, and the checkpoints carry them."""
-    from simulator import observations as O
-    from simulator.env import resps_shapes
+    from simulator.observations import paper as O
+    from simulator.envs.vector import resps_shapes
 
     data = load_training_data(syn_root, widths="all")
     seeds, wide = resps_shapes(data.train), resps_shapes(data.train, space="wide")

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from online.cli import main as cli
-from pipeline.controller import StaticController
-from pipeline.engine import Engine
+from pipeline.decode.controller import StaticController
+from pipeline.decode.engine import Engine
 from pipeline.errors import DraftGymError
-from pipeline.head import random_head
-from pipeline.target import cache_dir, encode_prompt, load_target
+from pipeline.decode.head import random_head
+from pipeline.decode.target import encode_prompt, load_target
+from pipeline.runtime.cache import cache_dir
 
 pytestmark = pytest.mark.slow
 
@@ -85,9 +86,10 @@ def test_cli_errors_are_one_line(capsys, argv, msg):
 
 def test_replay_equals_engine_smollm2(smollm2):
     """Replay of collected logs vs the online engine on the real target, static default tree, greedy:
-    >= 99.5% of cycles agree on L (design.md's float caveat) and the tokens are identical."""
-    from pipeline.collect import CollectConfig, collect_prompt, replay_static
-    from pipeline.head import DEFAULT_HEAD_DIR, load_head
+    >= 99.5% of cycles agree on L (docs/design.md's float caveat) and the tokens are identical."""
+    from pipeline.collect.prompt import CollectConfig, collect_prompt
+    from tests.helpers import replay_static
+    from pipeline.decode.head import DEFAULT_HEAD_DIR, load_head
 
     if (DEFAULT_HEAD_DIR / "config.json").is_file():
         head = load_head("default", smollm2.model)

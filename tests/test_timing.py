@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.controller import Controller, StaticController
-from pipeline.engine import Engine
-from pipeline.head import random_head
-from pipeline.timing import DeviceClock
+from pipeline.decode.controller import Controller, StaticController
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import random_head
+from pipeline.runtime.clock import DeviceClock
 
 DRAFT_S, TARGET_S, POLICY_S = 0.005, 0.020, 0.001
 
@@ -112,7 +112,7 @@ def test_ar_wall_time_is_every_forward(fresh_tiny):
 
 def test_time_op_syncs_around_each_call(monkeypatch):
     """The profile's micro-benchmark timer uses the same synced clock."""
-    import pipeline.latency as L
+    import pipeline.profiling.timed_ops as L
 
     dev = FakeAsyncDevice()
     monkeypatch.setattr(L, "DeviceClock", lambda device: DeviceClock(device, sync_fn=dev.sync, read_fn=dev.read))

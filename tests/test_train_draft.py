@@ -1,4 +1,4 @@
-"""EAGLE-3 head training (pipeline.train_draft) on a tiny random Llama target, no tokenizer needed.
+"""EAGLE-3 head training (pipeline.train_head: loop, run, checkpoint, ttt) on a tiny random Llama target, no tokenizer needed.
 
 The key test is `test_trained_head_drafts_in_the_engine`: a head trained on the target's own greedy
 continuations must reach tau > 1 in `Engine.generate` on those sequences (and stay lossless). If the
@@ -12,13 +12,17 @@ import json
 import pytest
 import torch
 
-from pipeline.controller import StaticController
-from pipeline.engine import Engine
-from pipeline.head import load_head, random_head
-from pipeline.train_draft import (FeatureStore, TrainConfig, TrainSequence, _pad_batch, allocate, batch_features,
-                                  build_draft_vocab, build_head, make_batches, parse_dataset_spec, train_head,
-                                  ttt_loss, ttt_mask)
-from pipeline.verify import target_forward
+from pipeline.decode.controller import StaticController
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import load_head, random_head
+from pipeline.train_head.batches import make_batches, pad_batch
+from pipeline.train_head.config import TrainConfig
+from pipeline.train_head.data import TrainSequence, allocate, parse_dataset_spec
+from pipeline.train_head.features import FeatureStore, batch_features
+from pipeline.train_head.initialise import build_draft_vocab, build_head
+from pipeline.train_head.loop import train_head
+from pipeline.train_head.ttt import ttt_loss, ttt_mask
+from pipeline.decode.verify import target_forward
 from tests.conftest import make_tiny_llama
 
 VOCAB = 128
@@ -105,7 +109,7 @@ def test_ttt_matches_sequential_drafting(distilled):
     torch.nn.init.normal_(head.midlayer.self_attn.o_proj.weight, std=0.3)   # make attention matter
     idx = [0, 3, 5]
     dev = torch.device("cpu")
-    ids, lens, pl, T = _pad_batch(seqs, idx, dev)
+    ids, lens, pl, T = pad_batch(seqs, idx, dev)
     fused, final, am = batch_features(model, head.layer_ids, seqs, idx, T, dev, False, None)
     lm_w = model.get_output_embeddings().weight[vocab_ids].float()
     t2draft = torch.full((VOCAB,), -1, dtype=torch.long)
@@ -250,13 +254,17 @@ def test_cli_registers_train_draft():
 
     args = build_parser().parse_args(["train-draft", "--dataset", "sharegpt,gsm8k", "--n-prompts", "10",
                                       "--out", "x", "--ttt-steps", "3", "--time-budget-min", "5"])
-    from pipeline.train_draft import config_from_args
-    cfg = config_from_args(args)
+    cfg = args.make_config(args)
     assert cfg.datasets == ("sharegpt", "gsm8k") and cfg.n_prompts == 10 and cfg.ttt_steps == 3
     assert cfg.time_budget_min == 5 and cfg.draft_vocab_size == 8192
+    assert cfg.feature_cache and cfg.init == "passthrough" and cfg.ttt_curriculum == ()
+    args = build_parser().parse_args(["train-draft", "--out", "x", "--no-feature-cache", "--no-init-from-target",
+                                      "--ttt-curriculum", "4@0, 7@0.5"])
+    cfg = args.make_config(args)
+    assert not cfg.feature_cache and cfg.init == "random" and cfg.ttt_curriculum == ("4@0", "7@0.5")
 
 
-# ----------------------------------------------------------------------------- issue H: init, resume, data, curriculum
+# ----------------------------------------------------------------------------- head retraining: init, resume, data, curriculum
 
 def test_init_cross_entropy_at_or_below_uniform(distilled, tmp_path):
     """A fresh head's TTT loss at initialisation is at or below that of the uniform guess (cross-entropy
@@ -286,7 +294,7 @@ def test_passthrough_init_starts_as_the_logit_lens(distilled):
     model, seqs = distilled
     ids = torch.tensor([seqs[0].ids])
     head = build_head(model, torch.arange(64), _cfg(init="passthrough"))
-    from pipeline.verify import target_forward as tf
+    from pipeline.decode.verify import target_forward as tf
     from transformers import DynamicCache
     _, hs = tf(model, ids, torch.arange(ids.shape[1])[None], DynamicCache(config=model.config))
     with torch.no_grad():
@@ -328,7 +336,7 @@ def test_session_budget_stops_without_changing_the_schedule(distilled, tmp_path)
 
 def test_ttt_curriculum():
     from pipeline.errors import DraftGymError
-    from pipeline.train_draft import parse_curriculum, ttt_steps_at
+    from pipeline.train_head.config import parse_curriculum, ttt_steps_at
 
     cur = parse_curriculum("2@0,4@0.5", 4)
     assert cur == [(0.0, 2), (0.5, 4)]
@@ -352,7 +360,7 @@ def test_frozen_dataset_roundtrip_and_bad_files(tmp_path):
     import pyarrow.parquet as pq
 
     from pipeline.errors import DraftGymError
-    from pipeline.train_draft import freeze_sequences, load_frozen
+    from pipeline.train_head.data import freeze_sequences, load_frozen
 
     seqs = [TrainSequence([1, 2, 3, 4], 2, "a/1"), TrainSequence([5, 6], 1, "ref:b/2")]
     info = freeze_sequences(seqs, tmp_path / "d.parquet", {"datasets": {"a": 1}})
@@ -403,7 +411,7 @@ def test_lineage_chains_the_heldout_curves_of_warm_started_runs(distilled, tmp_p
     """Three runs, each warm-started from the last head (--init-from): the third head's manifest
     carries both earlier runs' held-out curves, chained on cumulative training time, and the
     head-report command prints the lineage and writes the plot (also written next to each head)."""
-    from pipeline.head_lineage import CURVE_PNG, chained_curve, run_head_report
+    from pipeline.train_head.lineage import CURVE_PNG, HeadReportConfig, chained_curve, run_head_report_command
 
     model, seqs = distilled
     kw = dict(steps=4, eval_every=2)
@@ -427,9 +435,8 @@ def test_lineage_chains_the_heldout_curves_of_warm_started_runs(distilled, tmp_p
                                                         for p in b["heldout"]["curve"]]
     assert saved["lineage"][1]["train_s"] == b["training"]["train_s"] > 0
     assert (tmp_path / "c" / CURVE_PNG).stat().st_size > 1000
-    import argparse
     out = tmp_path / "curve.png"
-    assert run_head_report(argparse.Namespace(head=str(tmp_path / "c"), out=str(out))) == 0
+    assert run_head_report_command(HeadReportConfig(head=str(tmp_path / "c"), out=str(out))) == 0
     printed = capsys.readouterr().out
     rows = [ln for ln in printed.splitlines() if ln.strip()[:1].isdigit()]
     assert out.is_file() and [ln.split()[0] for ln in rows] == ["0", "1", "2"]
@@ -438,5 +445,5 @@ def test_lineage_chains_the_heldout_curves_of_warm_started_runs(distilled, tmp_p
     for bad in ('{"heldout": {"curve": [{"step": 0}]}}', "[1, 2]", '{"lineage": '):
         (tmp_path / "c" / "manifest.json").write_text(bad)
         with pytest.raises(DraftGymError, match="manifest"):
-            run_head_report(argparse.Namespace(head=str(tmp_path / "c"), out=str(out)))
+            run_head_report_command(HeadReportConfig(head=str(tmp_path / "c"), out=str(out)))
         assert (tmp_path / "c" / "manifest.json").read_text() == bad

@@ -8,11 +8,11 @@ import pytest
 
 from online.cli import main
 from simulator import baselines as B
-from simulator.checkpoint import load_checkpoint
-from simulator.latency import LatencyModel
-from simulator.logs import load_logs
+from simulator.policies.checkpoint import load_checkpoint
+from simulator.latency_model import LatencyModel
+from simulator.logs.load import load_logs
 from simulator.replay import simulate
-from simulator.synthetic import latency_rows, write_latency
+from simulator.logs.synthetic import latency_rows, write_latency
 from tests.test_sim_fixtures import syn_root  # noqa: F401
 
 

@@ -23,8 +23,8 @@ def test_validate_end_to_end(tmp_path, tiny_model_dir, tiny_logs, capsys):
     assert cli(["profile-policy", "--policy", str(pol), "--logs", str(tiny_logs), "--model", str(tiny_model_dir),
                 "--head", "random", "--max-new-tokens", "12", "--json"]) == 0
     cost = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    from simulator.latency import LatencyModel
-    from simulator.checkpoint import latency_key, load_checkpoint
+    from simulator.latency_model import LatencyModel
+    from simulator.policies.checkpoint import latency_key, load_checkpoint
     key = latency_key(pol)
     assert set(cost["per_call_s"]) == {key} and cost["per_call_s"][key] > 0
     lat = LatencyModel.from_logs(tiny_logs)
@@ -95,7 +95,7 @@ def radar_ckpt(tmp_path_factory, tiny_model_dir, tiny_logs):
 def test_validate_profile_first(tmp_path, tiny_model_dir, tiny_logs, radar_ckpt, capsys):
     """--profile-first: a fresh in-situ profile (and the checkpoint's call cost) under OUT, used for
     grid-best and sim-vs-real; the logs' own profile is left as it was."""
-    from pipeline.schema import table_files
+    from pipeline.logs.schema import table_files
 
     pol = radar_ckpt
     before = sorted(map(str, table_files(tiny_logs, "latency")))
@@ -109,8 +109,8 @@ def test_validate_profile_first(tmp_path, tiny_model_dir, tiny_logs, radar_ckpt,
     assert sorted(map(str, table_files(tiny_logs, "latency"))) == before
     pf = rep["profile_first"]
     assert pf["policies_timed"] == 1 and rep["latency_profile"] == {"root": str(out), "profile_id": pf["profile_id"]}
-    from simulator.latency import LatencyModel
-    from simulator.checkpoint import latency_key
+    from simulator.latency_model import LatencyModel
+    from simulator.policies.checkpoint import latency_key
     lat = LatencyModel.from_logs(out)
     assert lat.meta["profile_id"] == pf["profile_id"] and latency_key(pol) in lat.policy_costs
     assert sorted(set(lat.verify.points["x"].tolist())) == [1.0, 2.0, 4.0, 8.0]
@@ -134,7 +134,7 @@ def test_validate_profile_interleave(tmp_path, tiny_model_dir, tiny_logs, radar_
     pi = rep["profile_interleave"]
     assert pi["rounds"] == 3 and pi["trees"] == 3 * 4
     assert rep["latency_profile"]["profile_id"] == pi["profile_id"] != rep["profile_first"]["profile_id"]
-    from simulator.latency import LatencyModel
+    from simulator.latency_model import LatencyModel
     first = LatencyModel.from_logs(out, profile=rep["profile_first"]["profile_id"])
     pooled = LatencyModel.from_logs(out, profile=pi["profile_id"])
     assert pooled.meta["profile_id"] == pi["profile_id"]
@@ -150,7 +150,7 @@ def test_validate_profile_interleave(tmp_path, tiny_model_dir, tiny_logs, radar_
     assert 1 + st["tokens_per_s_rel_error"] == pytest.approx((1 + st["tokens_per_s_rel_error_pooled"]) / f, rel=1e-6)
     assert "tokens_per_s_rel_error_pooled" in svr["ar"]
     assert "tok/s error, pooled" in (out / "report.md").read_text()
-    from pipeline.schema import read_table, table_files
+    from pipeline.logs.schema import read_table, table_files
     n = {}
     for f in table_files(out, "latency"):
         for r in read_table(f, "latency").to_pylist():
@@ -159,7 +159,7 @@ def test_validate_profile_interleave(tmp_path, tiny_model_dir, tiny_logs, radar_
     # pooled: every round's samples (>= 8 cycles per (V, c) per round, 2 x 2 points, 3 rounds)
     assert n[pi["profile_id"]] >= 3 * 8 * 4 and n[pi["profile_id"]] > n[rep["profile_first"]["profile_id"]]
     # the checkpoint's call cost, timed before decoding, is carried over to the pooled profile
-    from simulator.checkpoint import latency_key
+    from simulator.policies.checkpoint import latency_key
     assert pooled.policy_costs[latency_key(radar_ckpt)] == pytest.approx(first.policy_costs[latency_key(radar_ckpt)])
 
 
@@ -177,3 +177,16 @@ def test_validate_logs_of_another_dtype(tmp_path, tiny_model_dir, tiny_logs, cap
     e = rep["datasets"]["mt-bench"]
     assert len(e["grid_best"]) == 3 and set(e["sim_vs_real"]["methods"]) == {"static", "grid-best", "ddd"}
     assert "acceptance logs in **float32**" in (out / "report.md").read_text()
+
+
+def test_validate_refuses_logs_without_the_static_default_width(tmp_path):
+    """Logs collected at other widths only: one line before any decoding (the static default's sim-vs-real
+    row replays width 10), not a traceback after it."""
+    from online.validate import ValidateConfig, load_acceptance_logs
+    from pipeline.errors import DataError
+    from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
+
+    write_synthetic_logs(tmp_path, SyntheticConfig(n_sequences=3, widths=(2,)))
+    cfg = ValidateConfig(model="synthetic-llm", logs=str(tmp_path), temperature=0.0)
+    with pytest.raises(DataError, match=r"widths \[2\].*collect with --widths 10"):
+        load_acceptance_logs(cfg, None)

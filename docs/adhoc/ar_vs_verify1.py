@@ -10,11 +10,11 @@ import time
 import numpy as np
 import torch
 
-from pipeline.controller import StaticController
-from pipeline.engine import Engine
-from pipeline.generate import load_head_for
-from pipeline.profile import context_prompt
-from pipeline.target import load_target
+from pipeline.decode.controller import StaticController
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import load_head_for
+from pipeline.profiling.profile import context_prompt
+from pipeline.decode.target import load_target
 
 torch.set_num_threads(2)
 reps = int(sys.argv[1]) if len(sys.argv) > 1 else 5

@@ -1,6 +1,6 @@
-"""Batched generation and batched collection speed on the embedded default (issue G, items 1-2).
+"""Batched generation and batched collection speed on the embedded default (docs/benchmarks/H.md, H5).
 
-Per dtype (fp32, bf16): `pipeline.batch_generate.generate_batch` greedy tokens/s at batch 1, 4, 16,
+Per dtype (fp32, bf16): `pipeline.decode.batch_generate.generate_batch` greedy tokens/s at batch 1, 4, 16,
 64 (48 new tokens, max(b, 4) MT-bench + ShareGPT train prompts of <= 256 tokens, a finished row
 refilled from the queue; where the first 4 rows differ from batch 1, the lossless near-tie verdict), HF `model.generate` (left padding, DynamicCache) at batch 16 on the same
 prompts for comparison, then collection positions/s on 8 prompts: `collect_prompt` one by one
@@ -13,14 +13,14 @@ import time
 
 import torch
 
-from pipeline.batch_generate import generate_batch
-from pipeline.collect import CollectConfig, collect_prompt, collect_prompts
+from pipeline.decode.batch_generate import generate_batch
+from pipeline.collect.prompt import CollectConfig, collect_prompt, collect_prompts
 from pipeline.datasets import load_prompts
-from pipeline.engine import Engine
-from pipeline.fingerprint import cpu_model
-from pipeline.generate import load_head_for
-from pipeline.lossless import classify, summarize_verdicts
-from pipeline.target import encode_prompt, load_target
+from pipeline.decode.engine import Engine
+from pipeline.runtime.fingerprint import cpu_model
+from pipeline.decode.head import load_head_for
+from pipeline.decode.lossless import classify, summarize_verdicts
+from pipeline.decode.target import encode_prompt, load_target
 
 NEW, MAX_PROMPT = 48, 256
 dtypes = (sys.argv[1] if len(sys.argv) > 1 else "float32,bfloat16").split(",")

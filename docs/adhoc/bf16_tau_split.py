@@ -13,13 +13,13 @@ import sys
 
 import numpy as np
 
-from pipeline.collect import replay_static
-from pipeline.controller import StaticController
-from pipeline.engine import Engine
-from pipeline.generate import load_head_for
-from pipeline.lossless import first_difference
-from pipeline.query import connect
-from pipeline.target import load_target
+from tests.helpers import replay_static
+from pipeline.decode.controller import StaticController
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import load_head_for
+from pipeline.decode.lossless import first_difference
+from pipeline.logs.query import connect
+from pipeline.decode.target import load_target
 
 logs, dataset = sys.argv[1], sys.argv[2]
 n = int(sys.argv[3]) if len(sys.argv) > 3 else 8

@@ -1,17 +1,17 @@
 """Batched collection on the 64 first ShareGPT test prompts (contexts up to 2,585 tokens), bf16: the 64
 continuations generated in one batch, then the shortest and the longest group of 8 collected, the
-longest profiled. This is what showed the need for the length caps of `pipeline/collect_actor.py`
+longest profiled. This is what showed the need for the length caps of `pipeline/collect/actor.py`
 (BENCHMARKS.md I3); it calls `collect_prompts` directly, without those caps.
 
     .venv/bin/python docs/adhoc/collect_long_prompts.py
 """
 import time, sys, cProfile, pstats
 import torch
-from pipeline.collect import CollectConfig, collect_prompts, generate_continuations
+from pipeline.collect.prompt import CollectConfig, collect_prompts, generate_continuations
 from pipeline.datasets import load_prompts
-from pipeline.engine import Engine
-from pipeline.generate import load_head_for
-from pipeline.target import encode_prompt, load_target
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import load_head_for
+from pipeline.decode.target import encode_prompt, load_target
 t = load_target("smollm2-135m", dtype="bfloat16")
 eng = Engine(t.model, load_head_for("default", t.model), t.eos_token_ids)
 recs = load_prompts("sharegpt", "test", n=64)

@@ -5,11 +5,11 @@ continuation generation timed apart, then `collect_prompts` profiled (BENCHMARKS
 """
 import time, sys, cProfile, pstats
 import torch
-from pipeline.collect import CollectConfig, collect_prompts, generate_continuations
+from pipeline.collect.prompt import CollectConfig, collect_prompts, generate_continuations
 from pipeline.datasets import load_prompts
-from pipeline.engine import Engine
-from pipeline.generate import load_head_for
-from pipeline.target import encode_prompt, load_target
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import load_head_for
+from pipeline.decode.target import encode_prompt, load_target
 dt = sys.argv[1]
 t = load_target("smollm2-135m", dtype=dt)
 eng = Engine(t.model, load_head_for("default", t.model), t.eos_token_ids)

@@ -5,8 +5,8 @@ mean gain on train; its mean gain on test is compared with grid-best's and with 
 Run: .venv/bin/python docs/adhoc/confidence_signal.py data/logs/main"""
 import sys
 import numpy as np
-from simulator.logs import load_logs
-from simulator.latency import LatencyModel
+from simulator.logs.load import load_logs
+from simulator.latency_model import LatencyModel
 from simulator.replay import cycle_time
 
 root = sys.argv[1] if len(sys.argv) > 1 else "data/logs/main"

@@ -9,24 +9,24 @@ import time
 
 import torch
 
-import simulator.observations as obs
-from pipeline.engine import Engine
-from pipeline.generate import load_head_for
-from pipeline.target import encode_prompt, load_target
+import simulator.observations.paper as obs
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import load_head_for
+from pipeline.decode.target import encode_prompt, load_target
 
 torch.set_num_threads(2)
 t = load_target("smollm2-135m", dtype=sys.argv[2] if len(sys.argv) > 2 else "float32")
 eng = Engine(t.model, load_head_for("default", t.model), t.eos_token_ids)
 ids = encode_prompt(t.tokenizer, "Explain how a hash map works, step by step.")
-try:                                     # the layout since simulator/policy.py was split by method
-    import simulator.policy_ltd as _ltd
-    import simulator.policy_radar as _radar
-    from online.policy_controller import PolicyController
-    from simulator.checkpoint import load_checkpoint
-    from simulator.nets import NumpyMLP, NumpyRadar
+try:                                     # the layout since simulator/policies/base.py was split by method
+    import simulator.policies.ltd as _ltd
+    import simulator.policies.radar as _radar
+    from online.policy_adapter import PolicyController
+    from simulator.policies.checkpoint import load_checkpoint
+    from simulator.policies.nets import NumpyMLP, NumpyRadar
     CHOOSERS = [(m, "choose_action") for m in (_ltd, _radar)]
-except ImportError:                      # older commits: everything in simulator/policy.py
-    import simulator.policy as P
+except ImportError:                      # older commits: everything in simulator/policies/base.py
+    import simulator.policies.base as P
     PolicyController, load_checkpoint, NumpyMLP, NumpyRadar = P.PolicyController, P.load_checkpoint, P.NumpyMLP, P.NumpyRadar
     CHOOSERS = [(P, "_choose")]
 ctrl = PolicyController(load_checkpoint(sys.argv[1]))
@@ -48,7 +48,7 @@ for name in ("to_numpy", "sort_desc", "ltd_depth_obs", "ltd_size_obs", "level_sc
     if hasattr(obs, name):
         setattr(obs, name, timed(name, getattr(obs, name)))
 try:                                     # the rich observation variant's extra features (section L)
-    import simulator.observations_rich as rich
+    import simulator.observations.rich as rich
     for name in ("entropy_feature", "ltd_depth_extra", "radar_extra", "with_extra"):
         setattr(rich, name, timed("rich." + name, getattr(rich, name)))
     rich.AcceptanceHistory.features = timed("AcceptanceHistory.features", rich.AcceptanceHistory.features)

@@ -1,9 +1,9 @@
 import cProfile, pstats, torch, time
-from pipeline.target import load_target, encode_prompt
-from pipeline.generate import load_head_for
-from pipeline.engine import Engine
-from online.policy_controller import PolicyController
-from simulator.checkpoint import load_checkpoint
+from pipeline.decode.target import load_target, encode_prompt
+from pipeline.decode.head import load_head_for
+from pipeline.decode.engine import Engine
+from online.policy_adapter import PolicyController
+from simulator.policies.checkpoint import load_checkpoint
 import sys
 torch.set_num_threads(2)   # as validate runs (section E2 used 1)
 t = load_target("smollm2-135m"); head = load_head_for("default", t.model)

@@ -4,20 +4,20 @@ For each held-out test prompt, each dtype, each method: one greedy generation (d
 interleaved per prompt, so drift hits all alike; one warm-up per engine). Per method and dtype:
 tokens/s = mean over prompts of new tokens / wall; speedup vs the same dtype's AR; the online
 grid-best = the best of the static shapes. bf16 outputs are classified against bf16 AR
-(pipeline/lossless.py).
+(pipeline/decode/lossless.py).
 
     .venv/bin/python docs/adhoc/dtype_speed.py [N_PER_DATASET] [NEW_TOKENS] [DTYPES]
 """
 import statistics
 import sys
 
-from pipeline.controller import StaticController
+from pipeline.decode.controller import StaticController
 from pipeline.datasets import load_prompts
-from pipeline.engine import Engine
-from pipeline.fingerprint import cpu_model, device_name
-from pipeline.generate import load_head_for
-from pipeline.lossless import classify
-from pipeline.target import encode_prompt, load_target
+from pipeline.decode.engine import Engine
+from pipeline.runtime.fingerprint import cpu_model, device_name
+from pipeline.decode.head import load_head_for
+from pipeline.decode.lossless import classify
+from pipeline.decode.target import encode_prompt, load_target
 
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 new = int(sys.argv[2]) if len(sys.argv) > 2 else 96

@@ -1,6 +1,6 @@
 """fp32 against bf16 (and fp16) on this machine, in one run: the AR step and the verify phase at
 V = 1, 2, 4, 8, 16, 32, 64 (BENCHMARKS.md H2). The verify is the engine's whole verify phase
-(`pipeline.latency.verify_op` with the head: target forward with hidden states, acceptance, KV
+(`pipeline.profiling.timed_ops.verify_op` with the head: target forward with hidden states, acceptance, KV
 compaction, feature fusion) at a fixed context; the AR step is a 1-token forward without hidden
 states, as `Engine.generate_ar` runs it. Dtypes are interleaved round by round so drift hits all alike.
 
@@ -12,12 +12,12 @@ import sys
 import torch
 from transformers import DynamicCache
 
-from pipeline.engine import Engine
-from pipeline.fingerprint import cpu_model, device_name
-from pipeline.generate import load_head_for
-from pipeline.latency import time_op, verify_op
-from pipeline.target import load_target
-from pipeline.verify import crop_cache, target_forward
+from pipeline.decode.engine import Engine
+from pipeline.runtime.fingerprint import cpu_model, device_name
+from pipeline.decode.head import load_head_for
+from pipeline.profiling.timed_ops import time_op, verify_op
+from pipeline.decode.target import load_target
+from pipeline.decode.verify import crop_cache, target_forward
 
 ctx = int(sys.argv[1]) if len(sys.argv) > 1 else 128
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3

@@ -1,7 +1,7 @@
-"""tau of draft heads on held-out prompts, by exact replay of their collected logs (issue H's goals).
+"""tau of draft heads on held-out prompts, by exact replay of their collected logs (docs/head.md).
 
 For each head: greedy continuations (128 new tokens) of MT-bench val+test and HumanEval test prompts,
-collected with `pipeline.collect.collect_prompts` (W = 10, Dmax = 12), then tau = mean accepted
+collected with `pipeline.collect.prompt.collect_prompts` (W = 10, Dmax = 12), then tau = mean accepted
 tokens per cycle + 1 of the static trees (8, 10, 60) (the static default), (1, 10, 4) and (2, 10, 8)
 (this CPU's grid-best shapes), replayed cycle by cycle with `replay_static` (exact for greedy decoding).
 Also the top-1 agreement of the head's first draft token with the target's next token over every
@@ -13,13 +13,14 @@ import sys
 
 import numpy as np
 
-from pipeline.collect import CollectConfig, collect_prompts, replay_static
+from pipeline.collect.prompt import CollectConfig, collect_prompts
+from tests.helpers import replay_static
 from pipeline.datasets import load_prompts
-from pipeline.engine import Engine
-from pipeline.fingerprint import cpu_model
-from pipeline.generate import load_head_for
-from pipeline.schema import DEFAULT_VERIFY_GRID
-from pipeline.target import encode_prompt, load_target
+from pipeline.decode.engine import Engine
+from pipeline.runtime.fingerprint import cpu_model
+from pipeline.decode.head import load_head_for
+from pipeline.logs.schema import DEFAULT_VERIFY_GRID
+from pipeline.decode.target import encode_prompt, load_target
 
 dtype = sys.argv[1] if len(sys.argv) > 2 else "bfloat16"
 heads = sys.argv[2:] if len(sys.argv) > 2 else sys.argv[1:]

@@ -3,10 +3,10 @@ Run: .venv/bin/python docs/adhoc/linear_backends.py   (2 threads, smollm2-135m, 
 import torch
 from torch import nn
 from transformers import DynamicCache
-from pipeline.cpu_linear import PackedLinear, pack_linears
-from pipeline.target import load_target
-from pipeline.verify import target_forward, tree_attention_mask, crop_cache
-from pipeline.latency import chain_tree, time_op
+from pipeline.runtime.cpu_linear import PackedLinear, pack_linears
+from pipeline.decode.target import load_target
+from pipeline.decode.verify import target_forward, tree_attention_mask, crop_cache
+from pipeline.profiling.timed_ops import chain_tree, time_op
 torch.set_num_threads(2)
 import os
 os.environ["DRAFTGYM_CPU_LINEAR"] = "torch"

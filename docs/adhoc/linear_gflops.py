@@ -5,7 +5,7 @@ and bf16 (torch linear, AMX where present), for 10, 160 and 640 rows (BENCHMARKS
 """
 import time, torch
 from torch import nn
-from pipeline.cpu_linear import PackedLinear
+from pipeline.runtime.cpu_linear import PackedLinear
 for dt in (torch.float32, torch.bfloat16):
   for rows in (10, 160, 640):
     lin = nn.Linear(576, 8192, bias=False).to(dt)

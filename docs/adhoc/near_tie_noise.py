@@ -1,8 +1,8 @@
-"""The rounding noise behind the near-tie tolerance (pipeline/lossless.py, BENCHMARKS.md H1).
+"""The rounding noise behind the near-tie tolerance (pipeline/decode/lossless.py, BENCHMARKS.md H1).
 
 AR-decode train-split prompts in the given dtype, then measure how far the target's top-2 logit gap
 moves between a 1-token forward and a CHUNK-token forward over the same positions
-(`pipeline.lossless.rounding_noise`). Prints the distribution of |move| in ulps of the logit, and of
+(`pipeline.decode.lossless.rounding_noise`). Prints the distribution of |move| in ulps of the logit, and of
 the top-2 gaps themselves.
 
     .venv/bin/python docs/adhoc/near_tie_noise.py [DTYPE] [N_PROMPTS] [NEW_TOKENS] [CHUNKS]
@@ -13,9 +13,9 @@ import time
 import numpy as np
 
 from pipeline.datasets import load_prompts
-from pipeline.engine import Engine
-from pipeline.lossless import rounding_noise
-from pipeline.target import encode_prompt, load_target
+from pipeline.decode.engine import Engine
+from pipeline.decode.lossless import rounding_noise
+from pipeline.decode.target import encode_prompt, load_target
 
 dtype = sys.argv[1] if len(sys.argv) > 1 else "bfloat16"
 n_prompts = int(sys.argv[2]) if len(sys.argv) > 2 else 8

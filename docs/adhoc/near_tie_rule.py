@@ -1,6 +1,6 @@
 """The near-tie rule on real decodings (BENCHMARKS.md H1): the embedded default in bf16 with the shipped
 head, 12 held-out prompts x 2 static trees, 96 new tokens; every EAGLE-3 output classified against AR
-(pipeline/lossless.py), first with the engine's greedy acceptance, then with the deliberately biased
+(pipeline/decode/lossless.py), first with the engine's greedy acceptance, then with the deliberately biased
 rule of tests/test_lossless.py (a draft is accepted when it is among the target's top-2). Prints each
 divergence (prompt, shape, status, k, gap in logits, gap in ulps, tolerance) and the counts.
 
@@ -8,13 +8,13 @@ divergence (prompt, shape, status, k, gap in logits, gap in ulps, tolerance) and
 """
 import time
 
-import pipeline.engine as engine_mod
-from pipeline.controller import StaticController
+import pipeline.decode.engine as engine_mod
+from pipeline.decode.controller import StaticController
 from pipeline.datasets import load_prompts
-from pipeline.engine import Engine
-from pipeline.generate import load_head_for
-from pipeline.lossless import classify
-from pipeline.target import encode_prompt, load_target
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import load_head_for
+from pipeline.decode.lossless import classify
+from pipeline.decode.target import encode_prompt, load_target
 from tests.test_lossless import biased_accept
 
 t = load_target("smollm2-135m", dtype="bfloat16")

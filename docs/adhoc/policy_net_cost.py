@@ -1,7 +1,7 @@
 import time, numpy as np, torch
-from simulator.checkpoint import load_checkpoint
-from simulator.nets import torch_logits as _torch_logits
-from simulator import observations as obs
+from simulator.policies.checkpoint import load_checkpoint
+from simulator.policies.nets import torch_logits as _torch_logits
+from simulator.observations import paper as obs
 torch.set_num_threads(2)
 p = load_checkpoint("data/policies/ltd-cpu")
 W, D = 10, 2

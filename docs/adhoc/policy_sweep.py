@@ -1,5 +1,5 @@
 """Train a matrix of policies in the replay simulator, two at a time (one thread each), and pick each
-(method, obs, objective) group's best seed on val (issue I, BENCHMARKS L).
+(method, obs, objective) group's best seed on val (docs/benchmarks/M.md, M3; N.md, N4).
 
     .venv/bin/python docs/adhoc/policy_sweep.py LOGS OUT METHODS OBS OBJECTIVES SEEDS [STEPS...]
     e.g. ... data/logs/l-bf16 data/policies/l ltd,radar,resps paper,rich ratio,rate 0,1
@@ -7,7 +7,7 @@
 Each run is `draftgym train --action-space wide`; its val tokens/s is the best validated checkpoint's
 (training.json). Writes OUT/sweep.json (every run) and prints the selected checkpoints. Runs already
 in OUT (training.json present) are not retrained. STEPS: method=N overrides, e.g. ltd=300000, and
-temperature=T (default 0: the greedy logs, which issue I validates; logs may also hold T = 1)."""
+temperature=T (default 0: the greedy logs, which validate decodes; logs may also hold T = 1)."""
 from __future__ import annotations
 
 import json

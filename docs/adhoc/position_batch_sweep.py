@@ -1,6 +1,6 @@
 """Warm collection wall time against the position batch (roots per head forward), BENCHMARKS.md O2.
 
-The 64 ShareGPT test prompts of <= 256 tokens of pipeline.bench_collect, 64 new tokens, prompt batch
+The 64 ShareGPT test prompts of <= 256 tokens of online.bench.collect, 64 new tokens, prompt batch
 64, continuations cached in a scratch $DRAFTGYM_CACHE (filled by one untimed pass), each position batch
 timed twice, interleaved.
 
@@ -9,13 +9,14 @@ timed twice, interleaved.
 import os, sys, time, tempfile, argparse
 from pathlib import Path
 tmp = Path(tempfile.mkdtemp())
-from pipeline.target import cache_dir, load_target
+from pipeline.decode.target import load_target
+from pipeline.runtime.cache import cache_dir
 models = cache_dir() / "models"
 os.environ["DRAFTGYM_CACHE"] = str(tmp / "cache"); (tmp / "cache").mkdir()
 (tmp / "cache" / "models").symlink_to(models.resolve(), target_is_directory=True)
-from pipeline.collect import CollectConfig
-from pipeline.collect_job import run_collect
-from pipeline.bench_collect import prompt_file
+from pipeline.collect.prompt import CollectConfig
+from pipeline.collect.job import run_collect
+from online.bench.collect import prompt_file
 dt = sys.argv[1]
 t = load_target("smollm2-135m", dtype=dt)
 pf = prompt_file(argparse.Namespace(dataset="sharegpt", split="test", max_prompt_tokens=256), t.tokenizer, 64, tmp / "prompts.jsonl")

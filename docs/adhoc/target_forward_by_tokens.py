@@ -1,8 +1,8 @@
 import torch, time, statistics
 from transformers import DynamicCache
-from pipeline.target import load_target
-from pipeline.verify import target_forward, verify_tree, tree_attention_mask, crop_cache
-from pipeline.latency import chain_tree, time_op
+from pipeline.decode.target import load_target
+from pipeline.decode.verify import target_forward, verify_tree, tree_attention_mask, crop_cache
+from pipeline.profiling.timed_ops import chain_tree, time_op
 torch.set_num_threads(2)
 t = load_target("smollm2-135m"); m = t.model; dev = t.device
 print("attn impl", m.config._attn_implementation, m.dtype)

@@ -1,9 +1,9 @@
-"""Head-training step cost and the cross-entropy at initialisation (issue H), on the embedded default.
+"""Head-training step cost and the cross-entropy at initialisation, on the embedded default (docs/benchmarks/I.md, I4).
 
 One batch of self-distilled-like sequences (train-split MT-bench + ShareGPT prompts with the target's
 own greedy answers, 4096 padded tokens at most), bf16 autocast as the trainer runs on a CPU with bf16
 units. Times forward + backward of the TTT loss for the code of commit 78cdaa2 (labels recomputed at
-each step, lm_head on every row) against pipeline.ttt.ttt_loss (labels once, lm_head on labelled rows
+each step, lm_head on every row) against pipeline.train_head.ttt.ttt_loss (labels once, lm_head on labelled rows
 only), for K = 4 and 7 TTT steps, median of 3 after a warm-up; the heads are the same and the losses
 must agree. Then the per-step cross-entropy at initialisation for --init random / target /
 passthrough, before and after the logit-scale calibration.
@@ -18,15 +18,17 @@ import types
 
 import torch
 
-from pipeline.batch_generate import generate_batch
+from pipeline.decode.batch_generate import generate_batch
 from pipeline.datasets import load_prompts
-from pipeline.fingerprint import cpu_model
-from pipeline.target import encode_prompt, load_target
-from pipeline.train_config import TrainConfig
-from pipeline.train_draft import _pad_batch, batch_features, build_draft_vocab
-from pipeline.train_init import build_head, calibrate_logit_scale
-from pipeline.distill_data import TrainSequence
-from pipeline.ttt import ttt_loss
+from pipeline.runtime.fingerprint import cpu_model
+from pipeline.decode.target import encode_prompt, load_target
+from pipeline.train_head.config import TrainConfig
+from pipeline.train_head.batches import pad_batch
+from pipeline.train_head.features import batch_features
+from pipeline.train_head.initialise import build_draft_vocab
+from pipeline.train_head.initialise import build_head, calibrate_logit_scale
+from pipeline.train_head.data import TrainSequence
+from pipeline.train_head.ttt import ttt_loss
 
 old_src = subprocess.run(["git", "show", "78cdaa2:pipeline/train_draft.py"], capture_output=True, text=True, check=True).stdout
 old = types.ModuleType("old_train_draft")
@@ -47,7 +49,7 @@ for i, s in enumerate(seqs):                    # as many as fit 4096 padded tok
     idx.append(i)
     T = max(T, len(s.ids))
 vocab_ids, _ = build_draft_vocab(seqs, 8192, t.model.config.vocab_size)
-ids, lens, pl, T = _pad_batch(seqs, idx, torch.device("cpu"))
+ids, lens, pl, T = pad_batch(seqs, idx, torch.device("cpu"))
 ft = load_target("smollm2-135m", dtype="float32").model
 feats = batch_features(ft, (2, 15, 27), seqs, idx, T, torch.device("cpu"), True, None)
 lm_w = ft.get_output_embeddings().weight[vocab_ids].float()

@@ -1,0 +1,133 @@
+"""The GPU check's reports: gpu_report.json (everything) and gpu_report.md (tables for BENCHMARKS.md).
+
+The Markdown is laid out as a BENCHMARKS.md section: a header line naming the machine and the
+software, one summary table (step, status, result, wall time), then one table per step that ran.
+Times are milliseconds; "break-even tau" is t_cycle / AR step (online/gpu_latency.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.runtime.atomic import atomic_write_json, atomic_write_text
+
+
+def write_reports(report: dict, out: Path) -> None:
+    atomic_write_json(report, Path(out) / "gpu_report.json")
+    atomic_write_text(Path(out) / "gpu_report.md", render_markdown(report))
+
+
+def _f(v, fmt="{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+           ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
+
+
+def _shape(s) -> str:
+    return "(" + ", ".join(map(str, s)) + ")"
+
+
+def summary_line(step: str, r: dict) -> str:
+    """One cell: what the step found, in a few words."""
+    if r.get("status") in ("skipped",) or (r.get("status") == "failed" and "traceback" in r):
+        return r.get("reason") or ""
+    if step == "tests":
+        c = r.get("counts", {})
+        return ", ".join(f"{v} {k}" for k, v in c.items()) + (" (collected only: dry run)" if r.get("collect_only") else "")
+    if step == "lossless":
+        return "; ".join(f"{_shape(s['shape'])}: {s['exact']} exact, {s['near-tie']} near-tie, {s['mismatch']} mismatch"
+                         for s in r.get("shapes", []))
+    if step == "latency":
+        ar = [o for o in r.get("ops", []) if o["op"] == "ar_step"]
+        cyc = r.get("cycles", [])
+        parts = [f"AR step {o['median']:.2f} ms at context {o['context']}" for o in ar[:1]]
+        parts += [f"{_shape(c['shape'])} cycle {_f(c['t_cycle'])} ms (break-even tau {_f(c['break_even_tau'])})"
+                  for c in cyc if c["context"] == (ar[0]["context"] if ar else None)]
+        return "; ".join(parts)
+    if step == "validate":
+        return "; ".join(f"{ds}: {sum(e['lossless_counts'].values()) if e['lossless_counts'] else 0} outputs, "
+                         f"{(e['lossless_counts'] or {}).get('mismatch', 0)} mismatch"
+                         for ds, e in r.get("datasets", {}).items())
+    return r.get("reason") or ""
+
+
+def render_markdown(rep: dict) -> str:
+    env, cfg = rep["environment"], rep["config"]
+    target = "a tiny random Llama (dry run)" if cfg["target"] == "tiny" else "a random-weight Llama-3.1-8B-shaped target"
+    lines = [f"### GPU check `{rep['run_id']}`: {rep.get('gpu') or env['device']}", "",
+             f"Machine: **{env['device']}**; torch {env['torch']} (CUDA {env['cuda']}), transformers "
+             f"{env['transformers']}, Python {env['python']}, {env['cpu_count']} CPU cores ({env['cpu_model']}); "
+             f"commit {env['draftgym_commit']}. Budget {cfg['minutes']:g} min, wall {rep.get('wall_s', 0) / 60:.1f} min. "
+             f"Command: `{cfg['command']}`.", ""]
+    steps = rep["steps"]
+    lines += _table(["step", "status", "result", "wall (s)"],
+                    [[s, r["status"], summary_line(s, r), f"{r.get('wall_s', 0):.0f}"] for s, r in steps.items()])
+    if "target_build_s" in rep:
+        lines += [f"Target: {target}, {cfg['dtype']}, built on {cfg['device']} in {rep['target_build_s']:.1f} s; "
+                  f"EAGLE-3 head random, draft vocabulary {cfg_draft_vocab(steps)}.", ""]
+    lossless = steps.get("lossless", {})
+    if lossless.get("shapes"):
+        lines += [f"Lossless ({lossless['dtype']}, {lossless['new_tokens']} new tokens per prompt, random prompts of "
+                  f"{', '.join(map(str, lossless['prompt_lens']))} tokens; pipeline/decode/lossless.py):", ""]
+        lines += _table(["tree (D, W, V)", "prompts", "exact", "near-tie", "mismatch", "tau", "largest gap (ulps)"],
+                        [[_shape(s["shape"]), s["prompts"], s["exact"], s["near-tie"], s["mismatch"], _f(s["tau"]),
+                          _f(s["max_gap_ulps"], "{:.1f}")] for s in lossless["shapes"]])
+    lat = steps.get("latency", {})
+    if lat.get("ops"):
+        lines += [f"Latency at batch 1 on {lat['device']} (ms, median [p10, p90]; n timed calls):", ""]
+        lines += _table(["op", "context", "W", "V", "median", "p10", "p90", "n"],
+                        [[o["op"], o["context"], _f(o["W"], "{}"), _f(o["V"], "{}"), _f(o["median"], "{:.3f}"),
+                          _f(o["p10"], "{:.3f}"), _f(o["p90"], "{:.3f}"), o["n"]] for o in lat["ops"]])
+    if lat.get("cycles"):
+        lines += ["Whole cycles of static trees in real decoding (ms, medians; break-even tau = t_cycle / AR step):", ""]
+        lines += _table(["tree (D, W, V)", "context", "cycles", "t_draft", "t_verify", "t_controller", "t_cycle",
+                         "break-even tau"],
+                        [[_shape(c["shape"]), c["context"], c["cycles"], _f(c["t_draft"]), _f(c["t_verify"]),
+                          _f(c["t_controller"], "{:.3f}"), _f(c["t_cycle"]), _f(c["break_even_tau"])]
+                         for c in lat["cycles"]])
+    arb = lat.get("ar_batch") or {}
+    if arb.get("rows"):
+        lines += ["AR decode step by batch size (`generate_batch`, the collection's slot cache):", ""]
+        lines += _table(["B", "context", "step (ms)", "tokens/s"],
+                        [[b["B"], b["context"], _f(b["step_ms"]), _f(b["tokens_per_s"], "{:.0f}")]
+                         for b in arb["rows"]])
+    elif arb:
+        lines += [f"AR decode step by batch size: {arb.get('status')} ({arb.get('reason')}).", ""]
+    spec = lat.get("spec_batch") or {}
+    if spec.get("rows"):
+        shapes = spec["shapes"]
+        lines += ["Batched engine step by batch size (ms, median t_step; in brackets break-even tau = "
+                  "t_step / AR's t_step):", ""]
+        lines += _table(["B"] + [s if s == "ar" else f"({s})" for s in shapes],
+                        [[r["B"]] + [_batch_cell(r.get(s)) for s in shapes] for r in spec["rows"]])
+    elif spec:
+        lines += [f"Batched engine: {spec.get('status')} ({spec.get('reason')}).", ""]
+    val = steps.get("validate", {})
+    if val.get("datasets"):
+        lines += [f"`draftgym validate` on {val['device']}: {val['model']}, head {val['head']}, T = 0, 1 run"
+                  + (f"; {val['policy_note']}" if val.get("policy_note") else "") + ":", ""]
+        rows = []
+        for ds, e in val["datasets"].items():
+            for m, s in e["methods"].items():
+                rows.append([ds, m, _f(s["tokens_per_s"], "{:.1f}"), _f(s.get("speedup_vs_ar")), _f(s.get("tau")),
+                             _f(s.get("draft_calls_per_cycle"), "{:.1f}")])
+        lines += _table(["dataset", "method", "tokens/s", "x AR", "tau", "draft calls/cycle"], rows)
+        lines += ["Lossless per dataset (EAGLE-3 outputs vs AR): " + "; ".join(
+            f"{ds}: " + ", ".join(f"{v} {k}" for k, v in (e["lossless_counts"] or {}).items())
+            for ds, e in val["datasets"].items()), ""]
+    return "\n".join(lines)
+
+
+def cfg_draft_vocab(steps: dict):
+    for s in ("lossless", "latency"):
+        if "head_draft_vocab" in steps.get(s, {}):
+            return steps[s]["head_draft_vocab"]
+    return "-"
+
+
+def _batch_cell(c: dict | None) -> str:
+    if not c:
+        return "-"
+    return _f(c["t_step"]) + (f" [{_f(c.get('break_even_tau'))}]" if "break_even_tau" in c else "")

@@ -1,0 +1,342 @@
+"""EAGLE-3 decoding at batch size B: B rows decoded together, ONE shape per step (as SGLang and vLLM).
+
+One step (docs/design.md, "Serving at batch size B"), for the A <= B active rows:
+
+    plan  : the batch controller sees B, the rows' contexts and acceptance histories (and, if it
+            asks, each root's depth-1 draft confidence) and returns one StepShape (D, W, V)
+    draft : one head forward over every row's pending entries (f_t, x_{t+1}), padded to the longest
+            -> each root's head output; then D-1 forwards over the A x W beams at once
+            (`expand_tree`, each root masked to its own row's head cache); select A trees of V nodes
+    verify: one target forward over the A x V tree tokens, row r on its own prefix n_r in its slot
+    accept: greedy for all rows with tensor ops (T = 0), or EAGLE's rule row by row with the row's
+            own generator (T > 0) -> L_r accepted, one bonus token per row
+    commit: per row, compact the accepted path's target KV to n_r .., store its fused features (the
+            head's next pending entries), emit L_r + 1 tokens (cut at EOS / max_new_tokens)
+    then finished rows leave, and queued prompts take their slots (continuous batching): B stays
+    constant while prompts remain. Once the queue is empty a finished row's slot is dropped at once
+    (one copy of the live rows' stores), so every forward runs exactly the active rows.
+
+Draft KV layout: one slot per row (pipeline/decode/batch_kv.py), each root masked to its own row's
+entries, the per-root prefix mask that collection (pipeline/collect/prompt.py) puts on its packed
+head KV. Collection packs the prompts into one sequence because many roots share each prompt; here
+each row has one root, and `expand_tree` copies the prefix once per root, so packing would copy
+B x (all rows' entries) per step where slots copy B x (the longest row's).
+
+Shapes: off (D = 0, V = 1: a plain AR step, no head work), chain (W = 1, V = D + 1) and the EAGLE-3
+tree. AR at batch B (`generate_ar`) is the same step with every step off and no features, so
+speedups at each B compare like with like.
+
+Exactness: a row's greedy output is its own target-greedy sequence whatever its batch-mates do; in
+fp32 it equals its batch-1 AR output token for token (tests/test_batch_engine.py), in reduced
+precision rows may part at near-ties (pipeline/decode/lossless.py). Row r samples with its own
+Generator(seeds[r]), consumed exactly as the batch-1 engine consumes it, so at T > 0 a row's output
+equals its batch-1 run's with the same seed and shapes.
+
+Host syncs: one per step outside the timers (the accepted lengths and tokens, read once); the clock
+reads sync too (pipeline/runtime/clock.py). Row bookkeeping (token lists, EOS, refills) is Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.decode import arch
+from pipeline.decode.batch_kv import BatchState
+from pipeline.decode.batch_result import BatchResult, RowCycle, RowResult, cut
+from pipeline.decode.batch_verify import (TreeBatch, accept_greedy_batch, accept_sampling_rows, commit_order,
+                                          emitted_tokens, root_trees, select_trees, verify_forward)
+from pipeline.decode.controller import (BatchController, BatchStepContext, StaticBatchController, StepRecord,
+                                        StepShape)
+from pipeline.decode.draft import expand_tree
+from pipeline.decode.head import Eagle3Head
+from pipeline.decode.tree import log_softmax32
+from pipeline.decode.verify import sample_token, target_forward
+from pipeline.errors import DraftGymError
+from pipeline.runtime.clock import DeviceClock
+from pipeline.runtime.cpu_linear import pack_linears
+
+__all__ = ["BatchEngine", "BatchResult", "RowCycle", "RowResult"]
+
+HEADROOM = 64     # slot entries past the longest prompt + max_new_tokens (grown when a step needs more)
+
+
+@dataclass
+class _Call:
+    """One generate call: its inputs (per prompt), its result so far and the prompts still queued."""
+
+    prompts: list[list[int]]
+    max_new: list[int]              # max_new_tokens per prompt
+    seeds: list[int]                # sampling seed per prompt
+    T: float                        # temperature
+    features: bool                  # EAGLE-3 (target features, head cache) or AR
+    res: BatchResult
+    queue: list[int]                # prompt indices not started, next last (pop())
+
+
+class _Rows:
+    """The host side of the slots: which request each holds (-1: none), its tokens, generator and history."""
+
+    def __init__(self, B: int):
+        self.req: list[int] = [-1] * B
+        self.out: list[list[int]] = [[] for _ in range(B)]
+        self.gen: list[torch.Generator | None] = [None] * B
+        self.hist: list[list[int]] = [[] for _ in range(B)]
+
+    def set(self, s: int, req: int, out: list[int], gen: torch.Generator) -> None:
+        self.req[s], self.out[s], self.gen[s], self.hist[s] = req, out, gen, []
+
+    def keep(self, keep: list[int]) -> None:
+        for name in ("req", "out", "gen", "hist"):
+            setattr(self, name, [getattr(self, name)[s] for s in keep])
+
+
+class BatchEngine:
+    """EAGLE-3 (and AR) generation for one target + one head, B prompts at a time."""
+
+    def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
+        arch.check_target(model)                # a cache the engine cannot compact is refused (as Engine)
+        pack_linears(model)                     # as Engine: the batch-1 and batch-B engines share kernels
+        if head is not None:
+            pack_linears(head)
+        self.model, self.head = model, head
+        self.eos = set(eos_token_ids or ())
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.clock = DeviceClock(self.device)
+        self.window = arch.attention_window(model.config)    # sliding window (tokens), None = full attention
+
+    # -- public entries ------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
+                 seeds: int | list[int] = 0, batch_size: int = 8,
+                 controller: BatchController | None = None) -> BatchResult:
+        """EAGLE-3 at batch size `batch_size` (default controller: the EAGLE-3 tree every step).
+        seeds: one for all rows or one per prompt; max_new_tokens likewise."""
+        if self.head is None:
+            raise DraftGymError("method eagle3 needs an EAGLE-3 head")
+        return self._run("eagle3", prompts, max_new_tokens, temperature, seeds, batch_size,
+                         controller or StaticBatchController(), features=True)
+
+    def generate_ar(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
+                    seeds: int | list[int] = 0, batch_size: int = 8) -> BatchResult:
+        """AR at batch size `batch_size`: the same step, off every step, no head and no features."""
+        return self._run("ar", prompts, max_new_tokens, temperature, seeds, batch_size,
+                         StaticBatchController(StepShape.off()), features=False)
+
+    # -- one call --------------------------------------------------------------------------------
+    def _check(self, prompts, max_new_tokens, temperature, seeds, batch_size, tree: int):
+        if batch_size < 1:
+            raise DraftGymError(f"batch_size must be >= 1, got {batch_size}")
+        if temperature < 0:
+            raise DraftGymError(f"temperature must be >= 0, got {temperature}")
+        seeds = [seeds] * len(prompts) if isinstance(seeds, int) else list(seeds)
+        max_new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        for name, v in (("seeds", seeds), ("max_new_tokens", max_new)):
+            if len(v) != len(prompts):
+                raise DraftGymError(f"{len(v)} {name} for {len(prompts)} prompts")
+        for p, m in zip(prompts, max_new):
+            if len(p) == 0:
+                raise DraftGymError("empty prompt: no input tokens")
+            if m < 1:
+                raise DraftGymError(f"max_new_tokens must be >= 1, got {m}")
+            arch.check_length(self.model.config, len(p), m, tree)
+        return seeds, max_new
+
+    @torch.inference_mode()
+    def _run(self, method, prompts, max_new_tokens, temperature, seeds, batch_size, controller, features):
+        # a sliding window is never reached (pipeline/decode/arch.py: the slot masks are not windowed):
+        # the controller's static V counts up front, a larger V chosen mid-generation at its step
+        tree = getattr(controller, "shape", StepShape()).verify_size if self.window else 0
+        seeds, max_new = self._check(prompts, max_new_tokens, temperature, seeds, batch_size, tree)
+        res = BatchResult(method, [RowResult(i, list(p)) for i, p in enumerate(prompts)])
+        if not prompts:
+            return res
+        controller.reset()
+        t0 = self.clock()
+        B = min(batch_size, len(prompts))
+        S = max(len(p) for p in prompts) + max(max_new) + HEADROOM
+        state = BatchState(self.model, self.head, B, S, features)
+        rows = _Rows(B)
+        run = _Call(prompts, max_new, seeds, temperature, features, res, queue=list(range(len(prompts)))[::-1])
+        for s in range(B):
+            res.prefill_s += self._fill(s, state, rows, run)
+        self._drop_dead(state, rows)
+        while rows.req:
+            self._step(state, rows, run, controller)
+        res.wall_s = self.clock() - t0
+        return res
+
+    # -- rows joining and leaving --------------------------------------------------------------------
+    def _fill(self, s: int, state: BatchState, rows: _Rows, run: _Call) -> float:
+        """Prefill queued prompts into slot s (batch 1, as Engine.generate) until one does not finish
+        at its first token. Returns the seconds spent."""
+        from transformers import DynamicCache
+
+        t0 = self.clock()
+        rows.req[s] = -1
+        while run.queue:
+            i = run.queue.pop()
+            p, dev = run.prompts[i], self.device
+            gen = torch.Generator(device=dev).manual_seed(run.seeds[i])
+            cache = DynamicCache(config=self.model.config)
+            n = len(p)
+            logits, hs = target_forward(self.model, torch.tensor([p], device=dev), torch.arange(n, device=dev)[None],
+                                        cache, hidden_states=run.features)
+            out, stop = cut([sample_token(logits[-1], run.T, gen)], self.eos, run.max_new[i])
+            if stop is not None:                     # finished by its first token: the slot takes the next prompt
+                run.res.rows[i].output_ids, run.res.rows[i].stop_reason = out, stop
+                continue
+            feats = head_kv = None
+            if run.features:                      # the head reads entries 0..n-2 now (as Engine.generate)
+                feats = self.head.fuse(hs)           # [1, n, H]
+                if n > 1:
+                    _, _, head_kv = self.head(torch.tensor([p[1:]], device=dev), feats[:, : n - 1],
+                                              torch.arange(n - 1, device=dev), logits=False)
+            state.ensure(n + run.max_new[i] + HEADROOM)
+            state.load(s, p + out, cache, n, head_kv, max(n - 1, 0), feats)
+            rows.set(s, i, out, gen)
+            break
+        return self.clock() - t0
+
+    def _drop_dead(self, state: BatchState, rows: _Rows) -> None:
+        """Slots left empty (the queue ran dry) leave the batch: the stores keep the live rows only."""
+        keep = [s for s, r in enumerate(rows.req) if r >= 0]
+        if len(keep) < len(rows.req):
+            if keep:
+                state.keep(keep)
+            rows.keep(keep)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def _pending_forward(self, state: BatchState):
+        """The head over each row's pending entries t in [dl_r, n_r), padded to the longest (M):
+        row r's entries are written in its head slot at t, a query at t sees the row's entries <= t.
+        Returns each root's head output [A, H] and draft logits [A, draft_vocab] (the entry n_r - 1)."""
+        head, dev = self.head, self.device
+        A = state.rows
+        M = max(n - d for n, d in zip(state.n_host, state.dl_host))
+        span = max(state.n_host)
+        t = state.dl[:, None] + torch.arange(M, device=dev)                               # [A, M] entry index
+        t = torch.minimum(t, state.n[:, None] - 1)                                         # padding: last entry again
+        ar = torch.arange(A, device=dev)[:, None]
+        allowed = torch.arange(span, device=dev)[None, None, :] <= t[:, :, None]           # [A, M, span]
+        mask = torch.zeros(allowed.shape, dtype=head.dtype, device=dev)
+        mask.masked_fill_(~allowed, torch.finfo(head.dtype).min)
+        state.hkv.pos, state.hkv.span = state.dl, span
+        g, _, _ = head(state.ids.gather(1, t + 1), state.feat[ar, t], t, past_kv=state.hkv,
+                       attn_mask=mask[:, None], logits=False)                             # [A, M, H]
+        root_hidden = g[ar[:, 0], state.n - state.dl - 1]                                  # [A, H] entry n_r - 1
+        state.dl, state.dl_host = state.n.clone(), list(state.n_host)
+        return root_hidden, head.logits_of(root_hidden)
+
+    def _draft(self, state: BatchState, shape: StepShape, root) -> TreeBatch:
+        """D - 1 forwards over the A x W beams (forward 1 was the pending one) and A trees of V nodes."""
+        root_hidden, root_logits = root
+        span = max(state.n_host)
+        prefix_mask = torch.arange(span, device=self.device)[None, :] < state.n[:, None]    # [A, span] own entries
+        pool = expand_tree(self.head, state.hkv.prefix(span), prefix_mask, root_hidden, root_logits, state.n - 1,
+                           shape.width, shape.depth, context_len=state.n_host)
+        return select_trees(pool, self._roots(state), shape.verify_size)
+
+    def _roots(self, state: BatchState) -> torch.Tensor:
+        return state.ids.gather(1, state.n[:, None])[:, 0]                                 # [A] x_{n_r}
+
+    def _verify(self, state: BatchState, trees: TreeBatch, run: _Call, gens: list) -> tuple[list[list[int]], int]:
+        """Target forward, acceptance, commit. Returns per row [L, emitted tokens...] (the step's one
+        host read) and V."""
+        A, V, dev = state.rows, trees.size, self.device
+        state.ensure(max(state.n_host) + V + 1)
+        logits, hs = verify_forward(self.model, trees, state.n, max(state.n_host) + V, state.kv, run.features)
+        if run.T <= 0:
+            accepted, bonus = accept_greedy_batch(trees, logits)
+        else:
+            accepted, bonus = accept_sampling_rows(trees, logits, run.T, gens)
+        order, L = commit_order(accepted)
+        emit = emitted_tokens(trees, order, L, bonus)                                     # [A, V]
+        packed = torch.cat([L[:, None], emit], 1).tolist()                                # the host sync
+        if V > 1:
+            state.kv.compact(state.n, order)
+        ar, k = torch.arange(A, device=dev)[:, None], torch.arange(V, device=dev)[None, :]
+        state.ids[ar, state.n[:, None] + 1 + k] = emit.clamp(min=0)                       # x_{n+1} .. (past L+1: stale)
+        if run.features:                                                               # f_n .. f_{n+L}: pending next
+            K = 1 + max(p[0] for p in packed)
+            idx = order[:, :K]
+            picked = list(hs)
+            for i in set(self.head.layer_ids):
+                picked[i] = torch.gather(hs[i], 1, idx[..., None].expand(A, K, hs[i].shape[-1]))
+            state.feat[ar, state.n[:, None] + k[:, :K]] = self.head.fuse(tuple(picked))
+        state.n = state.n + L + 1
+        state.n_host = [n + p[0] + 1 for n, p in zip(state.n_host, packed)]
+        return packed, V
+
+    def _plan(self, state: BatchState, rows: _Rows, run: _Call, controller: BatchController):
+        """Ask the controller for the step's shape. A controller that uses confidences gets each
+        root's depth-1 top draft log-prob, from the pending forward run first (its time is t_draft).
+        Returns (shape, the pending forward's roots or None, t_draft so far, t_controller so far)."""
+        clock, res = self.clock, run.res
+        t0 = clock()
+        root = confidence = None
+        if run.features and controller.uses_confidence:
+            root = self._pending_forward(state)
+            confidence = log_softmax32(root[1]).amax(-1)                                   # [A]
+        ctx = BatchStepContext(step=len(res.steps), batch_size=state.rows, rows=list(rows.req),
+                               context_lens=list(state.n_host), new_tokens=[len(o) for o in rows.out],
+                               history=rows.hist, queued=len(run.queue), confidence=confidence,
+                               last=res.steps[-1] if res.steps else None)
+        c0 = clock()
+        shape = StepShape.of(controller.plan(ctx))
+        if shape.depth and not run.features:
+            raise DraftGymError(f"step shape {shape.label()} drafts, but this generation has no EAGLE-3 head")
+        return shape, root, c0 - t0, clock() - c0
+
+    def _step(self, state: BatchState, rows: _Rows, run: _Call, controller: BatchController) -> None:
+        clock, res = self.clock, run.res
+        A = state.rows
+        t_start = clock()
+        shape, root, t_draft, t_ctrl = self._plan(state, rows, run, controller)
+        d0 = clock()
+        if shape.is_off:
+            trees, width = root_trees(self._roots(state)), 1
+        else:
+            trees = self._draft(state, shape, root or self._pending_forward(state))
+            width = min(shape.width, self.head.cfg.draft_vocab_size)
+        if self.window is not None and max(state.n_host) + trees.size > self.window - 1:
+            i = rows.req[max(range(A), key=state.n_host.__getitem__)]          # as Engine: refused at its step
+            arch.check_length(self.model.config, len(run.prompts[i]), run.max_new[i], trees.size)
+        v0 = clock()
+        t_draft += v0 - d0
+        ctx_lens = list(state.n_host)
+        packed, V = self._verify(state, trees, run, rows.gen)
+        t_verify = clock() - v0
+        record = StepRecord(step=len(res.steps), batch_size=A, depth=shape.depth, width=width, verify_size=V,
+                            rows=list(rows.req), context_lens=ctx_lens, accepted=[p[0] for p in packed],
+                            emitted=[], queued=len(run.queue), t_draft=t_draft, t_verify=t_verify)
+        done = self._emit(rows, record, packed, run)
+        c0 = clock()
+        controller.observe(record)
+        c1 = clock()
+        record.t_controller = t_ctrl + c1 - c0
+        record.t_step = c1 - t_start
+        res.steps.append(record)
+        for s in done:
+            t = self._fill(s, state, rows, run)
+            record.t_refill += t
+            res.prefill_s += t
+        self._drop_dead(state, rows)
+
+    def _emit(self, rows: _Rows, record: StepRecord, packed: list[list[int]], run: _Call) -> list[int]:
+        """Append each row's tokens, cut at EOS / max_new_tokens; returns the slots that finished."""
+        done = []
+        for s, p in enumerate(packed):
+            i, L = rows.req[s], p[0]
+            before = len(rows.out[s])
+            rows.out[s], stop = cut(rows.out[s] + p[1 : L + 2], self.eos, run.max_new[i])
+            emitted = len(rows.out[s]) - before
+            record.emitted.append(emitted)
+            rows.hist[s].append(L)
+            r = run.res.rows[i]
+            r.cycles.append(RowCycle(record.step, record.batch_size, record.depth, record.width, record.verify_size,
+                                     L, emitted, record.context_lens[s]))
+            if stop is not None:
+                r.output_ids, r.stop_reason = rows.out[s], stop
+                done.append(s)
+        return done

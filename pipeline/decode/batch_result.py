@@ -1,0 +1,84 @@
+"""What a batched generation returns: each prompt's row (tokens, stop reason, the steps it took part
+in) and the step log (one StepRecord per step, pipeline/decode/controller.py), plus the cut rule a
+row stops by."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from pipeline.decode.controller import StepRecord
+
+
+@dataclass
+class RowCycle:
+    """One step as one row saw it."""
+
+    step: int
+    batch_size: int
+    depth: int
+    width: int
+    verify_size: int
+    accepted: int          # L
+    emitted: int           # L + 1, less when EOS or max_new_tokens cut the row
+    context_len: int
+
+
+@dataclass
+class RowResult:
+    """One prompt's generation. tau = sum(emitted) / cycles, as the batch-1 GenerationResult."""
+
+    index: int                      # the prompt's index in the call
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    stop_reason: str = ""           # 'eos' | 'max_new_tokens'
+    cycles: list[RowCycle] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def tau(self) -> float | None:
+        return sum(c.emitted for c in self.cycles) / len(self.cycles) if self.cycles else None
+
+
+@dataclass
+class BatchResult:
+    """Rows in prompt order, and the step log. Indexing and iteration go over the rows."""
+
+    method: str
+    rows: list[RowResult]
+    steps: list[StepRecord] = field(default_factory=list)
+    wall_s: float = 0.0
+    prefill_s: float = 0.0          # every row's prefill (target + head), refills included
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(r.new_tokens for r in self.rows)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def step_rows(self) -> list[dict]:
+        """One dict per step (a `cycles`-style table): the record's fields, the shape's label, sums."""
+        return [{**asdict(s), "shape": s.shape.label(), "accepted_sum": s.accepted_sum,
+                 "emitted_sum": s.emitted_sum} for s in self.steps]
+
+
+def cut(out: list[int], eos: set[int], max_new_tokens: int) -> tuple[list[int], str | None]:
+    """Cut at the first EOS (kept) or at max_new_tokens; None while the row goes on (Engine._finish)."""
+    for i, t in enumerate(out[:max_new_tokens]):
+        if t in eos:
+            return out[: i + 1], "eos"
+    if len(out) >= max_new_tokens:
+        return out[:max_new_tokens], "max_new_tokens"
+    return out, None

@@ -1,0 +1,6 @@
+"""Latency profiling (docs/design.md, "The latency model").
+
+    profile.py    `draftgym profile`: this device's latency table, measured inside real decoding
+    batched.py    latency rows at batch size B > 1 (`draftgym profile --batch-sizes`)
+    timed_ops.py  timed draft and verify operations (warm-up, device sync, median / p10 / p90)
+"""

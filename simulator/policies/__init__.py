@@ -1,0 +1,10 @@
+"""Policies: the engine's controller hooks, batched over many generations.
+
+    base.py        the Policy interface and its batched hook inputs (PlanBatch, StepBatch, PoolBatch)
+    ltd.py         LTD's depth and size policies
+    radar.py       RADAR's LSTM stop / continue policy
+    resps.py       Re-SpS's held tree-shape policy
+    resps_load.py  the load-aware serving policy: one shared shape per step at batch size B, held N steps
+    nets.py        the networks (MLP, RADAR's LSTM) and their numpy batch-1 forwards
+    checkpoint.py  the checkpoint format (manifest.json + state_dicts), save and load
+"""

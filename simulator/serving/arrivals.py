@@ -1,0 +1,75 @@
+"""Request arrival times for the serving replay (simulator/serving/load.py): [R] seconds, non-decreasing.
+
+    poisson(rate, n, seed)    exponential gaps of mean 1 / rate:  t_i = sum_{j <= i} g_j,  g_j ~ Exp(rate)
+    sweep(rates, n, seed)     a load sweep: n Poisson arrivals at each rate in turn, continuing in time
+    read_trace(path)          a file of arrival times: one number per line (blank lines and # comments
+                              skipped) or one JSON list; read exactly; a bad file is a one-line DataError
+    rates_for_batches(...)    the rates that would hold B rows busy under AR decoding (Little's law):
+
+        B = lambda * T * t_AR(B)   =>   lambda_B = B / (T * t_AR(c, B))
+
+    with T the mean tokens per request and t_AR(c, B) the AR step at B rows (speculation serves the
+    same rate with fewer rows busy). A sweep over lambda_1, lambda_2, lambda_4, ... moves the batch
+    size from about 1 to the largest target.
+
+Every request replays one logged sequence (the split's sequences in order, cycled: replay.request_sequences).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import DataError
+
+
+def poisson(rate: float, n: int, seed: int = 0, start: float = 0.0) -> np.ndarray:
+    if not rate > 0 or not math.isfinite(rate):
+        raise DataError(f"arrival rate must be a positive number of requests/s, got {rate}")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, int(n))
+    return start + np.cumsum(gaps)
+
+
+def sweep(rates, n_per_rate: int, seed: int = 0) -> np.ndarray:
+    """n_per_rate Poisson arrivals at each rate in turn (seed + k for the k-th segment)."""
+    out, t = [], 0.0
+    for k, r in enumerate(rates):
+        seg = poisson(float(r), n_per_rate, seed + k, start=t)
+        out.append(seg)
+        t = float(seg[-1]) if len(seg) else t
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def read_trace(path) -> np.ndarray:
+    """Arrival times from a file (module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"arrival trace {path} not found")
+    text = path.read_text(errors="replace").strip()
+    try:
+        if text.startswith("["):
+            vals = json.loads(text)
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+                raise ValueError("a JSON trace is one list of numbers")
+        else:
+            vals = [float(line.split("#")[0]) for line in text.splitlines() if line.split("#")[0].strip()]
+    except (ValueError, json.JSONDecodeError) as e:
+        raise DataError(f"arrival trace {path}: {str(e).splitlines()[0]} (one time in seconds per line, or a JSON list)") from None
+    t = np.asarray(vals, np.float64)
+    if t.size == 0:
+        raise DataError(f"arrival trace {path} holds no arrival time")
+    if not np.all(np.isfinite(t)) or (t < 0).any():
+        raise DataError(f"arrival trace {path}: times must be finite and >= 0")
+    if (np.diff(t) < 0).any():
+        i = int(np.flatnonzero(np.diff(t) < 0)[0])
+        raise DataError(f"arrival trace {path}: times must not decrease (entry {i + 2} is {t[i + 1]:g} after {t[i]:g})")
+    return t
+
+
+def rates_for_batches(batches, mean_tokens: float, latency, context_len: float) -> np.ndarray:
+    """[n] requests/s that keep about B rows busy under AR decoding (module docstring)."""
+    b = np.asarray(batches, np.float64)
+    t_ar = np.array([float(latency.t_ar(context_len, batch=int(x))) for x in b])
+    return b / (float(mean_tokens) * t_ar)

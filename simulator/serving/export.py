@@ -1,0 +1,220 @@
+"""`draftgym export`: a schedule in the form a serving engine reads, checked against that engine's rules.
+
+vllm  (`--speculative-config '<json>'`; vllm/config/speculative.py, field num_speculative_tokens_per_batch_size,
+      and docs/features/speculative_decoding/dynamic_speculative_decoding.md, read 2026-11-25 at commits
+      002e77c1f0ef and 015a47e1282c):
+        {"method": "eagle3", "model": <head>, "num_speculative_tokens": K_max,
+         "num_speculative_tokens_per_batch_size": [[start_bs, end_bs, K], ...]}
+      ranges inclusive, contiguous from batch 1; every K <= num_speculative_tokens (> 0); K = 0 drafts
+      nothing. vLLM drafts chains only (its tree attention was removed), so a tree is not expressible.
+
+sglang  static launch flags (python/sglang/srt/server_args.py; eagle_utils.py organize_draft_results):
+        --speculative-algorithm EAGLE3 --speculative-draft-model-path <head>
+        --speculative-num-steps D --speculative-eagle-topk W --speculative-num-draft-tokens V
+      D = draft forwards, W = topk beams; the tree is the best V - 1 of the pool of topk scores from the
+      first step plus topk^2 from each later one (W + (D - 1) W^2), verified with the root, so
+      num_draft_tokens = V root included, and V - 1 <= pool. With topk = 1 the server sets V = D + 1.
+      (EAGLE's own topK_genrate counts total_token without the root: it returns total_token + 1 tokens.)
+      SGLang's bench script skips configs with D W + 1 < V; the server does not; the export notes them.
+      One shape for every batch size: a per-B schedule is not expressible.
+
+sglang-adaptive  the JSON of --speculative-adaptive-config (sglang_adaptive.py has the rule and its sources):
+        {"strategy": "ema", "<lo_1>": {"candidate_steps": [K_1]}, "<lo_2>": {"candidate_steps": [K_2]}, ...}
+      one tier per range, keyed by its lower batch bound, pinned to the schedule's chain (a single
+      candidate, so the EMA never moves it); launched with --speculative-adaptive, topk 1 and
+      num_steps = the largest K. Trees (topk > 1) are not expressible.
+
+json  the schedule itself (schedule.py).
+
+A shape an engine cannot run is refused in one line, or, with --best-expressible, replaced by the
+best runnable shape of the schedule's tuning table at each tuned batch size (and the export says so).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import DataError, DraftGymError
+from simulator.serving import shapes as S
+from simulator.serving.schedule import Schedule, is_off_everywhere
+from simulator.serving.sglang_adaptive import parse_config
+
+HEAD_PLACEHOLDER = "<path or hub id of the EAGLE-3 head>"
+
+
+@dataclass
+class ExportConfig:
+    """`draftgym export` settings."""
+    schedule: str = ""                    # schedule JSON from `draftgym tune` (required)
+    fmt: str = ""                         # vllm | sglang | sglang-adaptive | json (required)
+    head: str | None = None               # EAGLE-3 head path / hub id written into the config
+    best_expressible: bool = False        # replace what the engine cannot run by its best runnable shape
+    max_batch: int | None = None          # vllm: the last range ends here
+    out: str | None = None                # file to write (default: print)
+
+
+# ------------------------------------------------------------------ the engines' rules
+
+def check_vllm(cfg: dict) -> None:
+    """vLLM's rules for a dynamic speculative_config (module docstring); DataError naming the first broken one."""
+    n = cfg.get("num_speculative_tokens")
+    if not isinstance(n, int) or n <= 0:
+        raise DataError(f"vLLM: num_speculative_tokens must be an int > 0, got {n!r}")
+    if cfg.get("method") != "eagle3" or not cfg.get("model"):
+        raise DataError("vLLM: method must be 'eagle3' with the head as 'model'")
+    sched = cfg.get("num_speculative_tokens_per_batch_size")
+    expect = 1
+    for entry in sched or []:
+        if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, int) for x in entry)):
+            raise DataError(f"vLLM: each entry is [start_bs, end_bs, K], got {entry!r}")
+        lo, hi, k = entry
+        if lo != expect or hi < lo:
+            raise DataError(f"vLLM: ranges must be inclusive and contiguous from 1, got {sched}")
+        if not 0 <= k <= n:
+            raise DataError(f"vLLM: K = {k} in {entry} is outside 0..num_speculative_tokens ({n})")
+        expect = hi + 1
+    if not sched:
+        raise DataError("vLLM: num_speculative_tokens_per_batch_size is empty")
+
+
+def check_sglang_static(d: int, w: int, v: int) -> list[str]:
+    """SGLang's rules for the three static flags; returns notes (rules the server does not enforce)."""
+    if d < 1 or w < 1 or v < 2:
+        raise DataError(f"SGLang: num_steps >= 1, topk >= 1 and num_draft_tokens >= 2, got {d}, {w}, {v}")
+    if v - 1 > S.pool(d, w):
+        raise DataError(f"SGLang: num_draft_tokens - 1 = {v - 1} exceeds the draft pool of {S.pool(d, w)}")
+    if w == 1 and v != d + 1:
+        raise DataError(f"SGLang: with topk = 1, num_draft_tokens must be num_steps + 1 = {d + 1}, got {v}")
+    if d * w + 1 < v:
+        return [f"steps x topk + 1 = {d * w + 1} < num_draft_tokens = {v}: SGLang's bench_speculative.py "
+                "skips such configs; the server runs them"]
+    return []
+
+
+def check_sglang_adaptive(obj: dict) -> None:
+    parse_config(obj, "SGLang adaptive config")
+
+
+# ------------------------------------------------------------------ what each engine can run
+
+def expressible(schedule: Schedule, allowed, engine: str, best: bool) -> tuple[Schedule, list[str]]:
+    """The schedule if every shape passes `allowed`; else refuse, or (best) swap each tuned B's
+    shape for its best allowed one and merge again."""
+    bad = [(lo, hi, s) for lo, hi, s in schedule.ranges if not allowed(s)]
+    if not bad:
+        return schedule, []
+    lo, hi, s = bad[0]
+    if not best:
+        raise DataError(f"{engine} cannot run {S.label(s)} (batch {lo}-{hi}): {_why(engine)}; "
+                        f"--best-expressible exports its best runnable shape instead")
+    if not schedule.tuning:
+        schedule.best_at(1, allowed)                              # raises: no tuning table
+    bs = schedule.tuning["batch_sizes"]
+    new = [schedule.shape_for(b) if allowed(schedule.shape_for(b)) else schedule.best_at(b, allowed) for b in bs]
+    out = Schedule.from_choices(bs, new, max_batch=schedule.max_batch, tuning=schedule.tuning, meta=schedule.meta)
+    notes = [f"batch {b}: {S.label(schedule.shape_for(b))} -> {S.label(n)} (best {engine} can run)"
+             for b, n in zip(bs, new) if n != schedule.shape_for(b)]
+    return out, notes
+
+
+def _why(engine: str) -> str:
+    return {"vLLM": "vLLM drafts chains only (K tokens, no tree)",
+            "SGLang adaptive": "SGLang's adaptive mode runs topk = 1 chains only"}.get(engine, "not expressible")
+
+
+def best_single(schedule: Schedule) -> tuple:
+    """The one shape with the best mean of tokens/s / (best tokens/s at B) over the tuned batch sizes."""
+    if not schedule.tuning:
+        raise DataError("this schedule has no tuning table to pick a best single shape from (write it with `draftgym tune`)")
+    tps = np.asarray(schedule.tuning["tokens_per_s"], np.float64)              # [n, A]
+    score = (tps / tps.max(1, keepdims=True)).mean(0)
+    shapes = [S.parse(s) for s in schedule.tuning["shapes"]]
+    order = np.argsort(-score)
+    return next((shapes[a] for a in order if shapes[a] != S.OFF), shapes[order[0]])
+
+
+# ------------------------------------------------------------------ writers
+
+def to_vllm(schedule: Schedule, head: str | None, best: bool = False, max_batch: int | None = None) -> tuple[dict, list[str]]:
+    sched, notes = expressible(schedule, S.is_chain, "vLLM", best)
+    if is_off_everywhere(sched):
+        raise DataError("the schedule never speculates: run vLLM without a speculative_config")
+    ranges = [[lo, hi, S.chain_k(s)] for lo, hi, s in sched.ranges]
+    if max_batch is not None:
+        if max_batch < ranges[-1][0]:
+            raise DraftGymError(f"--max-batch {max_batch} is below the last range's start {ranges[-1][0]}")
+        ranges[-1][1] = max_batch
+    cfg = {"method": "eagle3", "model": head or HEAD_PLACEHOLDER,
+           "num_speculative_tokens": max(k for _, _, k in ranges), "num_speculative_tokens_per_batch_size": ranges}
+    check_vllm(cfg)
+    return cfg, notes
+
+
+def to_sglang_static(schedule: Schedule, head: str | None, best: bool = False) -> tuple[list[str], list[str]]:
+    shapes = schedule.shapes()
+    notes = []
+    if len(shapes) > 1:
+        if not best:
+            raise DataError(f"SGLang's static flags hold one shape at every batch size; this schedule has "
+                            f"{len(shapes)} ({', '.join(S.label(s) for s in shapes)}): use --format sglang-adaptive "
+                            f"(chains) or --best-expressible for the best single shape")
+        shape = best_single(schedule)
+        notes.append(f"one shape for every batch size: {S.label(shape)} (best mean tokens/s relative to each tuned B's best)")
+    else:
+        shape = shapes[0]
+    if shape == S.OFF:
+        raise DataError("the schedule never speculates: launch SGLang without --speculative-* flags")
+    d, w, v = shape
+    notes += check_sglang_static(d, w, v)
+    flags = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head or HEAD_PLACEHOLDER,
+             "--speculative-num-steps", str(d), "--speculative-eagle-topk", str(w), "--speculative-num-draft-tokens", str(v)]
+    return flags, notes
+
+
+def to_sglang_adaptive(schedule: Schedule, head: str | None, best: bool = False,
+                       config_path: str = "adaptive.json") -> tuple[dict, list[str], list[str]]:
+    sched, notes = expressible(schedule, S.is_chain, "SGLang adaptive", best)
+    if is_off_everywhere(sched):
+        raise DataError("the schedule never speculates: launch SGLang without --speculative-* flags")
+    obj = {"strategy": "ema", **{str(lo): {"candidate_steps": [S.chain_k(s)]} for lo, _, s in sched.ranges}}
+    check_sglang_adaptive(obj)
+    k = max(S.chain_k(s) for _, _, s in sched.ranges)
+    flags = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head or HEAD_PLACEHOLDER,
+             "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
+             str(k + 1), "--speculative-adaptive", "--speculative-adaptive-config", config_path]
+    return obj, flags, notes
+
+
+def export(cfg: ExportConfig) -> tuple[str, list[str]]:
+    """(the text to write, notes)."""
+    sched = Schedule.load(cfg.schedule)
+    if cfg.fmt == "json":
+        return sched.dumps(), []
+    if cfg.fmt == "vllm":
+        obj, notes = to_vllm(sched, cfg.head, cfg.best_expressible, cfg.max_batch)
+        return json.dumps(obj) + "\n", notes + ["launch: vllm serve <target> --speculative-config '<this JSON>'"]
+    if cfg.fmt == "sglang":
+        flags, notes = to_sglang_static(sched, cfg.head, cfg.best_expressible)
+        return " ".join(flags) + "\n", notes
+    if cfg.fmt == "sglang-adaptive":
+        obj, flags, notes = to_sglang_adaptive(sched, cfg.head, cfg.best_expressible, cfg.out or "adaptive.json")
+        return json.dumps(obj, indent=1) + "\n", notes + ["launch: python -m sglang.launch_server --model-path <target> "
+                                                          + " ".join(flags)]
+    raise DraftGymError(f"unknown export format {cfg.fmt!r} (vllm | sglang | sglang-adaptive | json)")
+
+
+def run_export_command(cfg: ExportConfig) -> int:
+    text, notes = export(cfg)
+    if cfg.out:
+        Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.out).write_text(text)
+        print(f"wrote {cfg.out} ({cfg.fmt})")
+    else:
+        print(text, end="")
+    for n in notes:                         # beside a printed config, on stderr: stdout stays the config alone
+        print(n, file=sys.stdout if cfg.out else sys.stderr)
+    return 0

@@ -1,0 +1,162 @@
+"""`draftgym tune`: the best shape at each batch size, merged into a schedule.
+
+For every batch size B of --batch-sizes and every candidate shape s (shapes.candidates: off, chains
+K = 1..8, the trees the logs support), replay a closed batch of B rows on the tuning split
+(replay.closed_batch: B rows always full, each row its own logged acceptance) and measure
+
+    tokens/s(s, B) = sum of tokens / sum of step times    while the batch is held at B
+
+The best s at each B becomes the schedule (schedule.Schedule.from_choices: the choice at B_i holds up
+to B_{i+1} - 1, equal neighbours merge). Printed per B: the best shape, its tokens/s, x AR (the
+"off" shape at the same B) and x the second best (how sharp the choice is). Written: the schedule
+JSON (--out, with the whole tuning table inside, for exports that need the best expressible shape)
+and the table as CSV beside it (<out>.csv: batch, shape, tokens_per_s, tau, drafts_per_step, x_ar),
+plus a cost-curve plot with --plot.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.cliargs import parse_positive_ints
+from pipeline.errors import DataError
+from simulator.latency_model import LatencyModel
+from simulator.logs.load import load_logs
+from simulator.serving import shapes as S
+from simulator.serving.replay import ShapeTable, closed_batch
+from simulator.serving.schedule import Schedule
+
+
+@dataclass
+class TuneConfig:
+    """`draftgym tune` settings."""
+    logs: str = ""                        # logs root (sequences/, positions/, latency/) (required)
+    out: str = ""                         # schedule JSON to write, the table goes to <out>.csv (required)
+    batch_sizes: str = "1,2,4,8,16,32"    # batch sizes to tune at
+    shapes: str = "all"                   # candidate shapes: chain | tree | all (off is always one)
+    split: str = "val"                    # the split the choice is made on
+    requests_per_slot: int = 4            # closed batch: max(S, this x B) requests (the split's sequences cycled)
+    max_batch: int | None = None          # the last range reaches this batch size (default: the largest tuned B)
+    model: str | None = None              # model partition (default: the only one)
+    temperature: float | None = None      # temperature partition (default: the only one)
+    dataset: str | None = None            # comma-separated datasets (default: all)
+    dtype: str | None = None              # the logs' dtype (default: the only one)
+    profile: str | None = None            # latency profile_id (default: the newest of the logs' dtype)
+    latency: str | None = None            # root holding latency/ (default: --logs)
+    plot: str | None = None               # PNG of tokens/s against B per shape
+    as_json: bool = False                 # print one JSON object
+
+
+def load_inputs(cfg, split: str | None = None):
+    """(logs of the split, every width, the latency model of the logs' dtype) for a tune / serve-eval config."""
+    logs = load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset,
+                     split=split or cfg.split, widths="all", dtype=cfg.dtype)
+    lat = LatencyModel.from_logs(cfg.latency or cfg.logs, model=logs.model, profile=cfg.profile, dtype=logs.dtype)
+    return logs, lat
+
+
+def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_batch: int | None = None,
+         split: str | None = None) -> dict:
+    """Closed-batch tokens/s of every shape at every B -> {"schedule", "batch_sizes", "shapes" [A],
+    "tokens_per_s" [n, A], "tau" [n, A], "drafts_per_step" [n, A]}."""
+    table = ShapeTable(logs, shapes)
+    bs = sorted({int(b) for b in batch_sizes})
+    runs = [closed_batch(logs, latency, table, B, n_requests=max(logs.n_sequences, requests_per_slot * B)) for B in bs]
+    tps = np.stack([r["tokens_per_s"] for r in runs])                              # [n, A]
+    best = [table.shapes[int(np.argmax(row))] for row in tps]
+    tuning = {"batch_sizes": bs, "shapes": table.labels(), "tokens_per_s": tps.round(6).tolist()}
+    meta = {"split": split, "model": logs.model, "dtype": logs.dtype, "latency_profile": latency.meta.get("profile_id"),
+            "device": latency.meta.get("device"), "sequences": int(logs.n_sequences)}
+    sched = Schedule.from_choices(bs, best, max_batch=max_batch, tuning=tuning, meta=meta)
+    return {"schedule": sched, "batch_sizes": bs, "shapes": table.shapes, "tokens_per_s": tps,
+            "tau": np.stack([r["tau"] for r in runs]), "drafts_per_step": np.stack([r["drafts_per_step"] for r in runs])}
+
+
+def summary_rows(res: dict) -> list[dict]:
+    """One row per tuned B: best shape, tokens/s, x AR, x second best."""
+    off = res["shapes"].index(S.OFF)
+    out = []
+    for i, B in enumerate(res["batch_sizes"]):
+        row = res["tokens_per_s"][i]
+        o = np.argsort(-row)
+        second = row[o[1]] if len(o) > 1 else np.nan
+        out.append({"batch": B, "best": S.label(res["shapes"][o[0]]), "tokens_per_s": float(row[o[0]]),
+                    "tau": float(res["tau"][i, o[0]]), "x_ar": float(row[o[0]] / row[off]),
+                    "second": S.label(res["shapes"][o[1]]) if len(o) > 1 else None,
+                    "x_second": float(row[o[0]] / second) if len(o) > 1 else None})
+    return out
+
+
+def write_table(res: dict, path: Path) -> Path:
+    off = res["shapes"].index(S.OFF)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["batch", "shape", "tokens_per_s", "tau", "drafts_per_step", "x_ar"])
+        for i, B in enumerate(res["batch_sizes"]):
+            for a, s in enumerate(res["shapes"]):
+                tps = res["tokens_per_s"][i, a]
+                w.writerow([B, S.label(s), f"{tps:.6g}", f"{res['tau'][i, a]:.6g}", f"{res['drafts_per_step'][i, a]:.6g}",
+                            f"{tps / res['tokens_per_s'][i, off]:.6g}"])
+    return path
+
+
+def plot_curves(res: dict, path) -> None:
+    """tokens/s x AR against B: off, every chain, and each B's best tree."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bs, tps = res["batch_sizes"], res["tokens_per_s"]
+    off = res["shapes"].index(S.OFF)
+    ratio = tps / tps[:, [off]]
+    show = [a for a, s in enumerate(res["shapes"]) if S.is_chain(s)]
+    show += sorted({int(np.argmax(np.where([S.is_chain(s) for s in res["shapes"]], -np.inf, ratio[i])))
+                    for i in range(len(bs))} - set(show))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    chains = [a for a in show if S.is_chain(res["shapes"][a])]
+    for i, a in enumerate(show):
+        s = res["shapes"][a]
+        if S.is_chain(s):                      # chains: thin, shades of one colour map; trees: bold, dashed
+            ax.plot(bs, ratio[:, a], ".-", lw=1, color=plt.cm.viridis(i / max(len(chains), 1)), label=S.label(s))
+        else:
+            ax.plot(bs, ratio[:, a], "o--", lw=2, color=plt.cm.tab10(i - len(chains)), label=S.label(s))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("tokens/s / AR at the same B")
+    ax.axhline(1.0, color="k", lw=0.5)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("closed-batch replay: which shape pays at which load")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_tune_command(cfg: TuneConfig) -> int:
+    bs = parse_positive_ints(cfg.batch_sizes, "--batch-sizes")
+    logs, lat = load_inputs(cfg)
+    if logs.n_sequences == 0:
+        raise DataError(f"no sequences in split {cfg.split!r}")
+    res = tune(logs, lat, bs, S.candidates(logs, cfg.shapes), cfg.requests_per_slot, cfg.max_batch, cfg.split)
+    sched = res["schedule"]
+    out = sched.save(cfg.out)
+    table = write_table(res, out.with_suffix(".csv"))
+    if cfg.plot:
+        plot_curves(res, cfg.plot)
+    rows = summary_rows(res)
+    if cfg.as_json:
+        print(json.dumps({"schedule": sched.to_json()["ranges"], "per_batch": rows, "out": str(out),
+                          "table": str(table), "plot": cfg.plot}))
+        return 0
+    print(f"tuned on {logs.n_sequences} {cfg.split} sequences, {len(res['shapes'])} shapes, latency "
+          f"{lat.meta.get('profile_id')} ({lat.meta.get('device')})")
+    print(f"{'B':>5}  {'best shape':<16} {'tokens/s':>10} {'x AR':>6} {'x 2nd':>6}  second")
+    for r in rows:
+        print(f"{r['batch']:>5}  {r['best']:<16} {r['tokens_per_s']:>10.1f} {r['x_ar']:>6.2f} "
+              f"{(r['x_second'] or float('nan')):>6.3f}  {r['second']}")
+    print("schedule: " + ", ".join(f"B {b} -> {s}" for b, s in sched.table()))
+    print(f"wrote {out} and {table}" + (f" and {cfg.plot}" if cfg.plot else ""))
+    return 0

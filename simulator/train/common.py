@@ -1,0 +1,161 @@
+"""What the three trainers share: `draftgym train`'s settings (PolicyTrainConfig), what each method
+gives the one training entry (TrainMethod, run by simulator/train/run.py), loading train/val logs +
+latency, validation, greedy wrappers, output."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from pipeline.errors import DataError
+from simulator.latency_model import LatencyModel
+from simulator.logs.load import ReplayLogs, load_logs
+
+
+@dataclass
+class PolicyTrainConfig:
+    """`draftgym train`: a policy trained in the replay simulator (simulator.train.run.run_trainer).
+    A method's own hyperparameters are its config (LTDConfig, RadarConfig, RespsConfig), built from
+    this by its TrainMethod.configure."""
+
+    method: str = ""                     # radar | ltd | resps (required)
+    logs: str = ""                       # logs root: sequences/, positions/, latency/ (required)
+    out: str = ""                        # policy directory: checkpoint + manifest.json + curve PNG (required)
+    model: str | None = None             # model partition; None: the only one
+    temperature: float | None = None     # temperature partition; None: the only one
+    dataset: str | None = None           # comma-separated datasets; None: all
+    dtype: str | None = None             # the logs' compute dtype; None: the only one
+    latency_dtype: str | None = None     # train against the profile of this dtype instead of the logs' own (transfer)
+    profile: str | None = None           # latency profile_id; None: the newest of the logs' (or latency_dtype's) dtype
+    latency: str | None = None           # root holding latency/; None: `logs`
+    steps: int | None = None             # budget; None: the method's own (LTD: 200k depth env steps per depth phase,
+                                         # size phases a quarter; RADAR: 3000 gradient steps; Re-SpS: 30k decisions)
+    seed: int = 0                        # training seed (nets, rollouts)
+    split: str = "train"                 # training split (validation uses val when present)
+    width: int | None = None             # W; None: 10 when logged
+    n_envs: int | None = None            # parallel replay environments; None: the method's own
+    iters: tuple | None = None           # LTD: co-adaptation iterations to run, e.g. (0, 1, 2, 3); None: all
+    action_space: str = "seeds"          # seeds: the papers' action sets; wide: adds shallow / small trees
+    obs: str = "paper"                   # observations: paper (each method's own) or rich (simulator/observations/rich.py)
+    objective: str = "ratio"             # cycle reward: ratio ((L+1)/t_cycle) or rate ((L+1) - lambda t_cycle)
+    verify_size: int | None = None       # V of RADAR and LTD's Iter0 depth phase; None: 60, or with action_space
+                                         # wide the grid-best static V on the training split
+    as_json: bool = False                # print the summary as one JSON object
+    progress: bool = True                # progress bars
+
+
+@dataclass(frozen=True)
+class TrainMethod:
+    """What one method gives `run_trainer` (simulator/train/{ltd,radar,resps}.py each define METHOD)."""
+
+    title: str              # the curve's title: 'LTD', 'RADAR', 'Re-SpS'
+    all_widths: bool        # load every logged width (Re-SpS picks W), else the one width
+    configure: Callable     # (PolicyTrainConfig, TrainData) -> the method's own config
+    train: Callable         # (TrainData, method config, progress) -> result dict (with "history")
+    results: Callable       # result -> the method's fields of training.json ("val_tokens_per_s" first)
+    save: Callable          # (out dir, result, method config, TrainData, training summary) -> None: the checkpoint
+
+
+@dataclass
+class TrainData:
+    train: ReplayLogs
+    val: ReplayLogs          # the val split, or train when there is none (noted)
+    latency: LatencyModel
+    notes: list
+
+
+def load_training_data(logs_root, model=None, temperature=None, datasets=None, split: str = "train",
+                       width: int | None = None, widths=None, profile=None, latency_root=None,
+                       dtype: str | None = None, latency_dtype: str | None = None) -> TrainData:
+    logs = load_logs(logs_root, model=model, temperature=temperature, datasets=datasets, width=width, widths=widths,
+                     dtype=dtype)
+    lat = LatencyModel.from_logs(latency_root or logs_root, model=logs.model, profile=profile,
+                                 dtype=latency_dtype or logs.dtype)
+    train = logs.select(split)
+    if train.n_sequences == 0:
+        raise DataError(f"no sequences in training split {split!r} (splits: {sorted(set(logs.split.tolist()))})")
+    notes = list(logs.notes)
+    val = logs.select("val")
+    if val.n_sequences == 0 or split == "val":
+        val = train
+        notes.append("no val split: validating on the training split")
+    return TrainData(train, val, lat, notes)
+
+
+def greedy(net):
+    """numpy obs -> argmax action (for frozen partner policies inside an env)."""
+    from simulator.policies.nets import torch_logits
+
+    return lambda o: torch_logits(net, o).argmax(-1)
+
+
+def replay_tokens_per_s(policy, logs: ReplayLogs, lat: LatencyModel) -> float:
+    from simulator.replay import simulate
+
+    return simulate(policy, logs, lat).summary()["tokens_per_s"]
+
+
+def resolve_verify_size(cfg: PolicyTrainConfig, data: "TrainData", default: int) -> int:
+    """V for the fixed-V phases (RADAR; LTD's depth policy in Iter0).
+
+    --verify-size N wins; with --action-space wide and no N, the V of the grid-best static config on
+    the training split under this latency model (on a CPU a small tree; the seeds' 60 on a GPU-like
+    profile); otherwise the seeds' default (60). Must be on the logged V grid (exact replay)."""
+    v = cfg.verify_size
+    if v is None and cfg.action_space == "wide":
+        from simulator.baselines import grid_search
+        v = grid_search(data.train, data.latency)["by_dataset"]["all"]["config"][2]
+    v = default if v is None else int(v)
+    try:
+        data.train.grid_index(v)               # replay is exact only on the logged grid
+    except ValueError as e:
+        from pipeline.errors import DraftGymError
+        raise DraftGymError(f"--verify-size: {e}") from None
+    return v
+
+
+def reference_speeds(logs: ReplayLogs, lat: LatencyModel) -> dict:
+    from simulator import baselines as B
+    from simulator.replay import autoregressive
+
+    return {"ar": autoregressive(logs, lat).summary()["tokens_per_s"],
+            "static": replay_tokens_per_s(B.StaticPolicy(*B.default_static(logs)), logs, lat)}
+
+
+def logs_info(data: TrainData, root) -> dict:
+    return {"root": str(root), "model": data.train.model, "temperature": data.train.temperature,
+            "train_sequences": data.train.n_sequences, "val_sequences": data.val.n_sequences,
+            "datasets": data.train.datasets, "latency_profile": data.latency.meta.get("profile_id"),
+            "notes": data.notes}
+
+
+def finish(out, summary: dict, as_json: bool) -> int:
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "training.json").write_text(json.dumps(summary, indent=2, default=_default) + "\n")
+    if as_json:
+        print(json.dumps(summary, default=_default))
+    else:
+        print(f"saved {summary['method']} policy to {out}: validation {summary['val_tokens_per_s']:.2f} tokens/s "
+              f"(AR {summary['reference']['ar']:.2f}, static {summary['reference']['static']:.2f}) "
+              f"in {summary['wall_s']:.0f} s; curve {summary.get('curve')}")
+    return 0
+
+
+def _default(o):
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+def resolve_rate_ref(cfg: PolicyTrainConfig, data: "TrainData") -> float:
+    """lambda for --objective rate (simulator/envs/core.py, OBJECTIVES): grid-best's replay tokens/s on
+    the training split under this latency model, i.e. the rate the policy has to beat. 0 for ratio."""
+    if cfg.objective != "rate":
+        return 0.0
+    from simulator.baselines import grid_search
+    return float(grid_search(data.train, data.latency)["by_dataset"]["all"]["tokens_per_s"])

@@ -1,0 +1,16 @@
+"""`make bench` (python -m online.bench): runs the chosen benchmarks and prints one summary table."""
+from online.bench.__main__ import BenchConfig, run
+
+
+def test_bench_env_writes_a_summary(tmp_path, capsys):
+    assert run(BenchConfig(only="env", out=str(tmp_path))) == 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| env | replay env depth/1024: steps/s |" in summary
+    assert "| env | replay env shape/1024: steps/s |" in summary
+    assert (tmp_path / "env.json").is_file()
+
+
+def test_bench_refuses_an_unknown_name(tmp_path, capsys):
+    assert run(BenchConfig(only="env,nope", out=str(tmp_path))) == 2
+    assert "unknown benchmark(s) ['nope']" in capsys.readouterr().err
+    assert not (tmp_path / "summary.md").exists()

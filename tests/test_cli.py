@@ -1,0 +1,95 @@
+"""The `draftgym` command line as one thing: every subcommand's --help shows a default (or "required")
+for each option that takes a value, the flags' defaults are the Config dataclasses' defaults, and
+building the parser imports nothing heavy."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from online.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_option_that_takes_a_value_shows_its_default_or_required():
+    """--help of every subcommand: each option with a value says its default ('(default: 10)', or what
+    None means in words) or '(required)'; flags (no value) need neither."""
+    missing = []
+    for name in _subparsers():
+        for opt, text in _option_help(name).items():
+            if not re.search(r"\(default|default:|\(required\)", text, re.I):
+                missing.append(f"{name} {opt}: {text!r}")
+    assert not missing, "\n".join(missing)
+    collect = _option_help("collect")
+    assert collect["--temperature"].endswith("(default: 0.0)") and collect["--seed"].endswith("(default: 0)")
+    assert collect["--model"].endswith("(default: smollm2-135m)")          # 0 and 0.0 are defaults too
+    assert _option_help("evaluate")["--logs"].endswith("(required)")
+
+
+def _option_help(name: str) -> dict[str, str]:
+    """{option: its --help text as printed, unwrapped} of the options of `name` that take a value."""
+    sp = _subparsers()[name]
+    fmt = sp.formatter_class(sp.prog)
+    return {a.option_strings[0]: fmt._get_help_string(a) % {**vars(a), "prog": sp.prog} for a in sp._actions
+            if a.option_strings and a.nargs != 0 and a.help != argparse.SUPPRESS}
+
+
+def _fields(cfg) -> dict:
+    """A config as {field: value}, nested configs flattened as 'outer.inner'."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            out.update({f"{f.name}.{k}": x for k, x in _fields(v).items()})
+        else:
+            out[f.name] = v
+    return out
+
+
+def _required_argv(sp: argparse.ArgumentParser) -> list[str]:
+    """Some value for each required option (its first choice, else '1') and positional."""
+    argv = []
+    for a in sp._actions:
+        value = str(a.choices[0]) if a.choices else "1"
+        if a.required and a.option_strings:
+            argv += [a.option_strings[0], value]
+        elif not a.option_strings and a.nargs is None:
+            argv.append(value)
+    return argv
+
+
+@pytest.mark.parametrize("name", sorted(_subparsers()))
+def test_flag_defaults_are_the_config_defaults(name):
+    """A command run with only its required options gets its Config dataclass's defaults: the flags
+    and the Config say the same (except the fields the required options set, and collect's dtype and
+    split, which the command resolves for the machine and the dataset)."""
+    argv = _required_argv(_subparsers()[name])
+    args = build_parser().parse_args([name, *argv])
+    cfg = args.make_config(args)
+    given = {a.dest for a in _subparsers()[name]._actions if set(a.option_strings) & set(argv) or not a.option_strings}
+    resolved = {"data.dtype", "data.split"} if name == "collect" else set()
+    got, want = _fields(cfg), _fields(type(cfg)())
+    diff = {k: (got[k], want[k]) for k in want
+            if got[k] != want[k] and k.split(".")[-1] not in given and k not in resolved}
+    assert not diff, diff
+    module, fn = args.run.split(":")
+    assert callable(getattr(__import__(module, fromlist=[fn]), fn))
+
+
+def test_building_the_parser_imports_nothing_heavy():
+    """`draftgym --help` builds every subparser without importing torch or numpy: the commands' modules
+    load only when one runs."""
+    code = ("import sys; from online.cli import build_parser; build_parser(); "
+            "heavy = [m for m in ('torch', 'numpy', 'transformers', 'ray') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
