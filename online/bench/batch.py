@@ -35,10 +35,10 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 from pipeline.cliargs import DefaultsHelpFormatter, parse_positive_ints
 from pipeline.errors import DraftGymError
+from pipeline.runtime.atomic import atomic_write_json
 
 AR = "ar"
 TREES = "2,10,10;3,10,20;8,10,60"
@@ -303,8 +303,7 @@ def main(argv=None) -> int:
     report["tables"] = tables(report)
     print(report["tables"])
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        atomic_write_json(report, args.out)
     return 0
 
 

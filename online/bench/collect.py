@@ -48,6 +48,7 @@ from pipeline.runtime.fingerprint import dtype_name, environment_fingerprint
 from pipeline.decode.head import load_head_for
 from pipeline.logs.schema import read_table, table_files
 from pipeline.decode.target import encode_prompt, load_target
+from pipeline.runtime.atomic import atomic_write_json
 
 
 def parse_tree(spec: str) -> tuple[int, int, int]:
@@ -185,8 +186,7 @@ def main(argv=None) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     print(report["table"])
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        atomic_write_json(report, args.out)
     return 0
 
 

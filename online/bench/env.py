@@ -11,9 +11,10 @@ import json
 import os
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
+
+from pipeline.runtime.atomic import atomic_write_json
 
 
 def bench(logs, lat, mode: str, n_envs: int, steps: int, seed: int = 0) -> float:
@@ -62,8 +63,7 @@ def main(argv=None) -> int:
             print(f"{mode:6s} n_envs={n:6d}: {out['results'][f'{mode}/{n}']:>12,} steps/s", flush=True)
     print(json.dumps(out))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        atomic_write_json(out, args.out)
     if tmp is not None:
         tmp.cleanup()
     return 0

@@ -14,11 +14,11 @@ import argparse
 import json
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from pipeline.runtime.fingerprint import environment_fingerprint
 from simulator.train.common import PolicyTrainConfig, load_training_data
 from simulator.train.ltd import configure, train_ltd
+from pipeline.runtime.atomic import atomic_write_json
 
 
 def main(argv=None) -> int:
@@ -52,8 +52,7 @@ def main(argv=None) -> int:
            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     print(json.dumps(out))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        atomic_write_json(out, args.out)
     return 0
 
 
