@@ -8,8 +8,11 @@
     validate.py               `draftgym validate`: speedups, lossless, sim-vs-real on the real device
     validate_report.py        validate's Markdown + PNG report
     sim_vs_real.py            validate's sim-vs-real: replayed predictions against the measured cycles
+    reanchor.py               validate's re-anchored sim-vs-real: each method replayed on the text it decoded
     validate_batch.py         `draftgym validate --batch-sizes`: every method at every batch size B
     validate_batch_report.py  its Markdown report and tokens/s-against-B plot
+    validate_load.py          `draftgym validate --load-trace`: an arrival trace served on the device and in replay
+    chooser_adapter.py        a simulator step chooser steering the batched engine (the same object on both sides)
     demo.py                   `make demo`: the whole loop on the embedded default
     gpu_check.py              `python -m online.gpu_check`: what a borrowed GPU checks, in one time budget
     gpu_latency.py            the GPU check's latency step: AR, verify, draft and cycle times at batch 1 and B

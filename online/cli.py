@@ -83,15 +83,25 @@ def add_validate(sub: argparse._SubParsersAction) -> None:
                         "sim-vs-real is then timed with the profile pooled over all rounds (which samples the same "
                         "machine states as the decoding), rescaled per dataset by the speed its samples saw while "
                         "that dataset decoded")
+    p.add_argument("--no-reanchor", dest="reanchor", action="store_false",
+                   help="at T = 0, skip the re-anchored sim-vs-real (each method also replayed on its own decoded "
+                        "text, collected after the decoding: online/reanchor.py)")
     p.add_argument("--batch-sizes", default="",
                    help="comma-separated batch sizes B, e.g. 1,4,16: AR, each --shapes shape and the --schedule at each "
                         "B with the batched engine (queues of max(N, 2B) requests), per-B report, step table and "
                         "tokens/s-against-B plot (online/validate_batch.py) (default: none: the batch-1 validation)")
     p.add_argument("--shapes", default=";".join(BATCH_SHAPES),
-                   help="with --batch-sizes: semicolon-separated static shapes, each chain:K or tree:D,W,V")
+                   help="with --batch-sizes or --load-trace: semicolon-separated static shapes, each chain:K or "
+                        "tree:D,W,V")
     p.add_argument("--schedule", default=None,
-                   help="with --batch-sizes: a schedule JSON written by `draftgym tune`, run as one more method "
+                   help="with --batch-sizes or --load-trace: a schedule JSON written by `draftgym tune`, run as one more method "
                         "(default: none)")
+    p.add_argument("--load-trace", default=None, metavar="FILE",
+                   help="a file of arrival times (s, one per line or a JSON list): the batched engine serves the "
+                        "requests as they arrive (continuous batching up to --max-batch rows) with AR, each --shapes "
+                        "shape, the --schedule, vLLM's example schedule and SGLang's adaptive rule, against the serving "
+                        "replay of the same trace (online/validate_load.py) (default: none)")
+    p.add_argument("--max-batch", type=int, default=16, help="with --load-trace: the most rows decoding at once")
     add_json(p, "print the report as one JSON object")
     add_no_progress(p)
     set_command(p, _validate_config, "online.cli:run_validate_command")
@@ -109,12 +119,16 @@ def _validate_config(args):
 
 def run_validate_command(cfg) -> int:
     """`draftgym validate`: at batch 1 (online/validate.py), or at --batch-sizes (online/validate_batch.py)."""
+    if cfg.load_trace:
+        from online.validate_load import run_validate_load_command
+
+        return run_validate_load_command(cfg)
     if cfg.batch_sizes:
         from online.validate_batch import run_validate_batch_command
 
         return run_validate_batch_command(cfg)
     if cfg.schedule:
-        raise DraftGymError("--schedule needs --batch-sizes (a schedule picks a shape per batch size)")
+        raise DraftGymError("--schedule needs --batch-sizes or --load-trace (a schedule picks a shape per batch size)")
     from online.validate import run_validate_command as run_batch1
 
     return run_batch1(cfg)

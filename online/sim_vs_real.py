@@ -20,9 +20,14 @@ def decode_tokens_per_s(res) -> float | None:
 
 
 
-def sim_vs_real(cfg, sim, recs, runs, labels) -> dict:
+def sim_vs_real(cfg, sim, recs, runs, labels, reanchored=None) -> dict:
     """Simulator predictions for the same prompts and policies vs the measured cycles (`cfg`: the
     ValidateConfig; `sim`: its SimSide, the acceptance logs and the latency clocks).
+
+    reanchored: online.reanchor's `Reanchored` (each method's own decoded texts, collected), a
+    {"note"} when that failed, or None. With it every method also gets a "reanchored" entry: the same
+    policy object replayed on its own text with the same clock, its errors against the same measured
+    tau and decode tokens/s (where the logs' error mixes the simulator's with a different text's).
 
     Also the AR row: the simulator's AR (t_ar per token) against measured AR decoding. Its error is
     the profile's view of this machine's speed against the speed during this validation, so
@@ -65,6 +70,8 @@ def sim_vs_real(cfg, sim, recs, runs, labels) -> dict:
            "ar": {"sim_decode_tokens_per_s": float(np.mean(ar_sim)), "real_decode_tokens_per_s": float(np.mean(ar_real)),
                   "tokens_per_s_rel_error": float((np.mean(ar_sim) - np.mean(ar_real)) / np.mean(ar_real))},
            "methods": {}}
+    if reanchored is not None:
+        out["reanchored"] = reanchored if isinstance(reanchored, dict) else reanchored.info
     if local:
         ar_pooled = autoregressive(ev, pooled).tokens_per_s
         out["ar"]["tokens_per_s_rel_error_pooled"] = float((np.mean(ar_pooled) - np.mean(ar_real)) / np.mean(ar_real))
@@ -82,6 +89,8 @@ def sim_vs_real(cfg, sim, recs, runs, labels) -> dict:
             "tokens_per_s_rel_error": err(1.0), "tokens_per_s_rel_error_ar_anchored": err(speed),
             "per_prompt": [{"prompt_id": ev.prompt_id[i], "sim": sim_dec[i], "real": real_dec[i]} for i in range(len(order))],
             "per_cycle_ms": per_cycle_components(res, m, order)}
+        if reanchored is not None and not isinstance(reanchored, dict) and name in reanchored.seq_ids:
+            out["methods"][name]["reanchored"] = reanchored.replay(name, pol, order, clock, real_tau, real_dec)
         if local:
             pooled_dec = float(np.mean(simulate(pol, ev, pooled).tokens_per_s))
             out["methods"][name]["tokens_per_s_rel_error_pooled"] = float((pooled_dec - np.mean(real_dec)) / np.mean(real_dec))

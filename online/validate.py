@@ -16,7 +16,9 @@ Metrics (definitions stated once):
                     prompts (same model, head, temperature) with the device's latency profile.
                     Compared quantities are cycle-only: tau, and decode tokens/s =
                     sum(emitted) / sum(t_cycle) per prompt (the simulator has no prefill).
-                    Error = (sim - real) / real.
+                    Error = (sim - real) / real. At T = 0 also re-anchored (online/reanchor.py): each
+                    method replayed on its own decoded text, which in bf16 leaves the logged text
+                    at the first near-tie; that error is the simulator's alone.
 """
 from __future__ import annotations
 
@@ -78,6 +80,11 @@ class ValidateConfig:
     shapes: tuple = ("tree:8,10,60", "chain:2", "chain:4")   # batch_sizes: the static shapes (besides AR),
                                          # spelled off | chain:K | tree:D,W,V (simulator/serving/shapes.py)
     schedule: str | None = None          # batch_sizes: a schedule JSON written by `draftgym tune`, run as one method
+    load_trace: str | None = None        # a file of arrival times: serve it on the device and in replay
+                                         # (online/validate_load.py) instead of the runs above
+    max_batch: int = 16                  # load_trace: the most rows decoding at once
+    reanchor: bool = True                # T = 0 sim-vs-real: also replay each method on its own decoded text
+                                         # (online/reanchor.py: collected after the decoding, cheap next to it)
     as_json: bool = False                # run_validate_command: print the report as one JSON object
     progress: bool = True                # run_validate_command: progress bars
 
@@ -139,6 +146,7 @@ def cycle_rows(run_id: str, method: str, prompt_id: str, run: int, res, device: 
 def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     """Every method decodes every dataset's prompts on this device; the report (report.json,
     report.md, cycles Parquet) goes to cfg.out and is returned."""
+    from online.reanchor import reanchor_for_validate
     from pipeline.decode.engine import Engine
     from pipeline.decode.head import load_head_for
     from pipeline.decode.target import load_target, resolve_dtype_name
@@ -178,7 +186,8 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     if interleave is not None:
         pool_interleaved_profile(cfg, sim, interleave, report, dev, dtype)
     for entry, recs, runs in pending:                # after all decoding: the clock may be the pooled profile
-        entry["sim_vs_real"] = {"note": sim.note} if sim.note else sim_vs_real(cfg, sim, recs, runs, labels)
+        own = reanchor_for_validate(cfg, sim, engine, head, recs, runs, dtype, run_id)  # own texts' logs (or None)
+        entry["sim_vs_real"] = {"note": sim.note} if sim.note else sim_vs_real(cfg, sim, recs, runs, labels, own)
     report["wall_s"] = time.perf_counter() - t_start
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(report, out / "report.json")

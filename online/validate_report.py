@@ -68,13 +68,21 @@ def write_markdown(rep: dict, out: Path) -> None:
         if svr.get("methods"):
             psf = svr.get("profile_speed_factor")
             pct = lambda v: "-" if v is None else f"{100 * v:+.1f}%"
+            # re-anchored (online/reanchor.py): each method also replayed on its own decoded text; its
+            # cells read "logs / re-anchored"
+            ra = any("sim_tau" in s.get("reanchored", {}) for s in svr["methods"].values())
+            two = " (logs / re-anchored)" if ra else ""
             lines += ["", "Sim vs real (cycle-only quantities; error = (sim - real) / real; AR-anchored: the simulated "
                       "tokens/s scaled by the machine speed factor = real / simulated AR decode tokens/s"
                       + (f"; clock: the pooled profile x {psf['factor']:.3f}, the speed its {psf['cells']} cells "
                          "sampled during this dataset's decoding showed; 'pooled': the unscaled pooled profile's error"
-                         if psf else "") + "):", "",
-                      "| method | tau sim | tau real | tau error | decode tok/s sim | decode tok/s real | tok/s error "
-                      + ("| tok/s error, pooled " if psf else "") + "| tok/s error, AR-anchored |",
+                         if psf else "")
+                      + ("; logs: replayed on the logged text, re-anchored: on the method's own decoded text "
+                         f"({svr['reanchored']['texts']} distinct texts teacher-forced in "
+                         f"{svr['reanchored']['collect_s']:.1f} s), so the re-anchored error is the simulator's alone, "
+                         "the difference is the text's" if ra else "") + "):", "",
+                      f"| method | tau sim{two} | tau real | tau error{two} | decode tok/s sim{two} | decode tok/s real | "
+                      f"tok/s error{two} " + ("| tok/s error, pooled " if psf else "") + "| tok/s error, AR-anchored |",
                       "|---|---|---|---|---|---|---|" + ("---|" if psf else "") + "---|"]
             if "ar" in svr:
                 a = svr["ar"]
@@ -83,9 +91,11 @@ def write_markdown(rep: dict, out: Path) -> None:
                              + (f"{pct(a.get('tokens_per_s_rel_error_pooled'))} | " if psf else "")
                              + f"(factor {svr['machine_speed_factor']:.3f}) |")
             for name, s in svr["methods"].items():
-                lines.append(f"| {name} | {s['sim_tau']:.3f} | {s['real_tau']:.3f} | {100 * s['tau_rel_error']:+.1f}% | "
-                             f"{s['sim_decode_tokens_per_s']:.2f} | {s['real_decode_tokens_per_s']:.2f} | "
-                             f"{pct(s['tokens_per_s_rel_error'])} | "
+                r = s.get("reanchored", {})
+                both = lambda k, f: f(s[k]) + (f" / {'-' if r.get(k) is None else f(r[k])}" if ra else "")
+                lines.append(f"| {name} | {both('sim_tau', '{:.3f}'.format)} | {s['real_tau']:.3f} | "
+                             f"{both('tau_rel_error', pct)} | {both('sim_decode_tokens_per_s', '{:.2f}'.format)} | "
+                             f"{s['real_decode_tokens_per_s']:.2f} | {both('tokens_per_s_rel_error', pct)} | "
                              + (f"{pct(s.get('tokens_per_s_rel_error_pooled'))} | " if psf else "")
                              + f"{pct(s.get('tokens_per_s_rel_error_ar_anchored'))} |")
             lines += ["", "Per-cycle time components, ms (sim / real):", "",
@@ -95,6 +105,8 @@ def write_markdown(rep: dict, out: Path) -> None:
                 lines.append(f"| {name} | " + " | ".join(
                     f"{c['sim'].get(k, float('nan')):.1f} / {c['real'].get(k, float('nan')):.1f}"
                     for k in ("draft", "verify", "policy", "overhead")) + " |")
+            if svr.get("reanchored", {}).get("note"):
+                lines.append(f"\n(re-anchored sim-vs-real: {svr['reanchored']['note']})")
             if svr.get("missing_prompts"):
                 lines.append(f"\n(not in the logs, left out of sim-vs-real: {', '.join(svr['missing_prompts'])})")
         elif svr.get("note"):

@@ -245,6 +245,9 @@ def add_serve_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", dest="policies", metavar="DIR", action="append", default=[],
                    help="a load-aware policy from `draftgym train-load` to replay too (repeatable)")
     p.add_argument("--out", default=None, help="write the table as JSON (default: print only)")
+    p.add_argument("--write-trace", default=None, metavar="FILE",
+                   help="write the sweep's arrival times (one per line, a # header naming the rates and the seed) "
+                        "to FILE for `draftgym validate --load-trace FILE`, and exit without replaying (default: replay)")
     add_json(p)
     set_command(p, _serve_eval_config, "simulator.serving.evaluate:run_serve_eval_command")
 
@@ -257,11 +260,17 @@ def _serve_eval_config(args):
 
 def add_train_load(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-load", help="train a load-aware speculation policy (the step's shape from the batch "
-                                          "size, queue and draft confidences) by PPO in the serving replay")
+                                          "size, queue and draft confidences) in the serving replay")
     _serving_logs_args(p)
     p.add_argument("--out", required=True, help="policy directory (checkpoint, manifest.json, training.json)")
-    p.add_argument("--method", default="resps-load", choices=["resps-load"],
-                   help="resps-load: an MLP picks the shared shape of the next --hold steps")
+    p.add_argument("--method", default="resps",
+                   help="resps (default; resps-load is the same): an MLP picks the shared shape of the next --hold "
+                        "steps from a list, PPO | ltd: a depth head (0 = off .. --max-depth) and a verify-size head, "
+                        "PPO on the joint log-prob | radar: stop / continue at each depth, REINFORCE with a baseline")
+    p.add_argument("--width", type=int, default=None,
+                   help="ltd, radar: W of every drafting shape (default: 1 when the logs have width 1, else their "
+                        "primary width; W = 1 drafts chains)")
+    p.add_argument("--max-depth", type=int, default=None, help="ltd, radar: the deepest D (default 6)")
     p.add_argument("--split", default="train", help="training split")
     p.add_argument("--val-split", default="val", help="validation split (the best validated policy is kept)")
     p.add_argument("--shapes", default="auto",
@@ -290,9 +299,15 @@ def add_train_load(sub: argparse._SubParsersAction) -> None:
 
 
 def _train_load_config(args):
-    from simulator.serving.train_load import LoadTrainConfig
+    from dataclasses import replace
 
-    return config_from_args(LoadTrainConfig, args)
+    from simulator.serving.train_load import LoadTrainConfig
+    from simulator.serving.train_ltd import LTDLoadConfig
+    from simulator.serving.train_radar import RadarLoadConfig
+
+    shared = {k: v for k, v in (("width", args.width), ("max_depth", args.max_depth)) if v is not None}
+    return config_from_args(LoadTrainConfig, args, ltd=replace(LTDLoadConfig(), **shared),
+                            radar=replace(RadarLoadConfig(), **shared))
 
 
 def add_export(sub: argparse._SubParsersAction) -> None:

@@ -164,3 +164,52 @@ def test_validate_batch_bf16_classifies_rows(tmp_path, tiny_model_dir, capsys):
     assert sum(e["lossless_counts"].values()) == 2 * 4
     assert all(sum(s["lossless"].values()) == 4 for s in e["by_batch"]["2"].values())
     assert "bfloat16" in (out / "report.md").read_text() and rep["replay_note"].startswith("no --logs")
+
+
+# ---------------------------------------------------------------------------------- validate --load-trace
+
+def test_validate_load_trace_end_to_end(tmp_path, tiny_model_dir, batch_logs, capsys):
+    """A trace of 7 requests (a burst, then stragglers) served at most 2 rows at a time by every
+    method: each row exact against its batch-1 AR output (fp32), the device's figures and the
+    replay's prediction of the same trace side by side, the Markdown report."""
+    trace = tmp_path / "trace.txt"
+    trace.write_text("# arrival times, s\n0\n0\n0\n0.001\n0.002\n30\n30.5\n")
+    sched = tmp_path / "schedule.json"
+    sched.write_text(json.dumps({"format": "draftgym.schedule", "version": 1,
+                                 "ranges": [{"batch": [1, 1], "shape": "chain:3"}, {"batch": [2, 4], "shape": "chain:1"}]}))
+    out = tmp_path / "load"
+    rc = cli(["validate", "--model", str(tiny_model_dir), "--head", "random", "--load-trace", str(trace),
+              "--max-batch", "2", "--n-prompts", "3", "--runs", "1", "--shapes", "tree:3,10,10;chain:2",
+              "--schedule", str(sched), "--logs", str(batch_logs), "--out", str(out), "--json", "--no-progress"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    names = [r["name"] for r in rep["rows"]]
+    assert names == ["AR", "static tree:3,10,10", "static chain:2", "schedule (per B)", "vLLM EAGLE-3 example",
+                     "SGLang adaptive"]
+    assert rep["trace"]["requests"] == 7 and rep["replay_note"] is None
+    for r in rep["rows"]:
+        assert r["lossless"] == {"exact": 7, "near-tie": 0, "mismatch": 0}, r["name"]
+        assert r["tokens_per_s"] > 0 and 1 <= r["mean_batch"] <= 2 and r["max_batch"] <= 2 and r["tau"] >= 1
+        sim = r["replay"]
+        assert sim["tokens_per_s"] > 0 and 1 <= sim["mean_batch"] <= 2 and sim["max_batch"] <= 2
+        if r["name"] == "AR" or r["name"].startswith("static"):   # a static shape's cycles do not depend on the batch
+            assert r["replay_rel_error"]["tau"] == pytest.approx(0.0, abs=1e-9), r["name"]
+    ar = rep["rows"][0]
+    assert ar["x_ar"] == 1.0 and ar["drafts_per_step"] == 0 and ar["tau"] == 1.0
+    assert rep["rows"][2]["drafts_per_step"] == 2.0
+    md = (out / "report.md").read_text()
+    assert "validate --load-trace" in md and "| SGLang adaptive |" in md and "7 / 0 / 0" in md
+
+
+def test_validate_load_trace_bad_inputs(tmp_path, capsys):
+    base = ["validate", "--logs", "", "--out", str(tmp_path / "r")]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("0\n2\n1\n")
+    cases = [(["--load-trace", str(tmp_path / "none.txt")], "not found"),
+             (["--load-trace", str(bad)], "must not decrease"),
+             (["--load-trace", str(bad), "--batch-sizes", "2"], "--load-trace and --batch-sizes"),
+             (["--load-trace", str(bad), "--max-batch", "0"], "--max-batch must be >= 1")]
+    for argv, msg in cases:
+        assert cli([*base, *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1, err

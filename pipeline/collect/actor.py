@@ -203,32 +203,37 @@ class CollectorActor:
         write_atomic(pa.Table.from_pylist([row], schema=FAILURES), path, "failures", filesystem=self.store.fs)
 
     def _write(self, pid, ds, split, ids, log, seconds) -> int:
-        """Positions shards, then the sequences shard (the commit), then drop a failures row of an
-        earlier attempt. Returns the number of positions rows written."""
-        cfg, key, fs = self.cfg, self.cfg.run_key(), self.store.fs
-        paths = shard_paths(self.store, cfg, ds, pid)
-        n_grid, total = len(cfg.verify_grid), 0
-        for W, cols in log.positions.items():
-            n = len(cols["position"])
-            total += n
-            with_dist = "accept_dist" in cols
-            schema = positions_schema(cfg.max_depth, W, n_grid, with_dist=with_dist)
-            arrays = [pa.array(np.full(n, SCHEMA_VERSION, np.int16)), pa.array([key] * n), pa.array([pid] * n),
-                      pa.array(cols["position"].astype(np.int32)), pa.array(cols["context_len"].astype(np.int32)),
-                      pa.array(cols["width"].astype(np.int16)), pa.array(cols["root_token"].astype(np.int32))]
-            for name in ("acceptance", "beam_scores", "candidate_scores", "entropy"):
-                typ = schema.field(name).type
-                flat = cols[name].reshape(-1).astype(typ.value_type.to_pandas_dtype())
-                arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), typ.list_size))
-            if with_dist:  # null where the position was subsampled out (--dist-every)
-                arrays.append(pa.array([None if d is None else d.tolist() for d in cols["accept_dist"]],
-                                       type=schema.field("accept_dist").type))
-            write_atomic(pa.Table.from_arrays(arrays, schema=schema), paths["positions"][W], "positions", filesystem=fs)
-        row = {"schema_version": SCHEMA_VERSION, "run_key": key, "prompt_id": pid, "split": split,
-               "model_id": cfg.model, "head_id": self.head.head_id, "dtype": cfg.dtype, "seed": cfg.seed, "prompt_tokens": ids,
-               "output_tokens": log.output_tokens, "new_tokens": log.new_tokens, "stop_reason": log.stop_reason,
-               "widths": list(cfg.widths), "max_depth": cfg.max_depth, "verify_grid": list(cfg.verify_grid),
-               "config_json": cfg.to_json(), "env_json": self.env_json, "collect_s": seconds}
-        write_atomic(pa.Table.from_pylist([row], schema=SEQUENCES), paths["sequences"], "sequences", filesystem=fs)
-        self.store.delete(paths["failures"])
-        return total
+        return write_prompt_log(self.store, self.cfg, self.head.head_id, self.env_json, pid, ds, split, ids, log, seconds)
+
+
+def write_prompt_log(store: LogStore, cfg: CollectConfig, head_id: str, env_json: str, pid: str, ds: str, split: str,
+                     ids: list[int], log, seconds: float) -> int:
+    """Positions shards, then the sequences shard (the commit), then drop a failures row of an
+    earlier attempt. Returns the number of positions rows written."""
+    key, fs = cfg.run_key(), store.fs
+    paths = shard_paths(store, cfg, ds, pid)
+    n_grid, total = len(cfg.verify_grid), 0
+    for W, cols in log.positions.items():
+        n = len(cols["position"])
+        total += n
+        with_dist = "accept_dist" in cols
+        schema = positions_schema(cfg.max_depth, W, n_grid, with_dist=with_dist)
+        arrays = [pa.array(np.full(n, SCHEMA_VERSION, np.int16)), pa.array([key] * n), pa.array([pid] * n),
+                  pa.array(cols["position"].astype(np.int32)), pa.array(cols["context_len"].astype(np.int32)),
+                  pa.array(cols["width"].astype(np.int16)), pa.array(cols["root_token"].astype(np.int32))]
+        for name in ("acceptance", "beam_scores", "candidate_scores", "entropy"):
+            typ = schema.field(name).type
+            flat = cols[name].reshape(-1).astype(typ.value_type.to_pandas_dtype())
+            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), typ.list_size))
+        if with_dist:  # null where the position was subsampled out (--dist-every)
+            arrays.append(pa.array([None if d is None else d.tolist() for d in cols["accept_dist"]],
+                                   type=schema.field("accept_dist").type))
+        write_atomic(pa.Table.from_arrays(arrays, schema=schema), paths["positions"][W], "positions", filesystem=fs)
+    row = {"schema_version": SCHEMA_VERSION, "run_key": key, "prompt_id": pid, "split": split,
+           "model_id": cfg.model, "head_id": head_id, "dtype": cfg.dtype, "seed": cfg.seed, "prompt_tokens": ids,
+           "output_tokens": log.output_tokens, "new_tokens": log.new_tokens, "stop_reason": log.stop_reason,
+           "widths": list(cfg.widths), "max_depth": cfg.max_depth, "verify_grid": list(cfg.verify_grid),
+           "config_json": cfg.to_json(), "env_json": env_json, "collect_s": seconds}
+    write_atomic(pa.Table.from_pylist([row], schema=SEQUENCES), paths["sequences"], "sequences", filesystem=fs)
+    store.delete(paths["failures"])
+    return total

@@ -16,6 +16,13 @@ One step (docs/design.md, "Serving at batch size B"), for the A <= B active rows
     constant while prompts remain. Once the queue is empty a finished row's slot is dropped at once
     (one copy of the live rows' stores), so every forward runs exactly the active rows.
 
+Arrivals (`arrivals=`, s from the call's start, non-decreasing in prompt order): a request may take
+a slot only once it has arrived, so under load the batch grows (new slots appended, up to
+batch_size) and shrinks with the traffic, as a serving engine's does. The call's clock is the wall
+clock with the waits for the next arrival skipped (nothing runs then, so skipping them changes no
+timing and saves the wait); each row records its arrival, join and finish times on that clock.
+Without arrivals every prompt has arrived at 0: the closed batch above.
+
 Draft KV layout: one slot per row (pipeline/decode/batch_kv.py), each root masked to its own row's
 entries, the per-root prefix mask that collection (pipeline/collect/prompt.py) puts on its packed
 head KV. Collection packs the prompts into one sequence because many roots share each prompt; here
@@ -72,16 +79,23 @@ class _Call:
     features: bool                  # EAGLE-3 (target features, head cache) or AR
     res: BatchResult
     queue: list[int]                # prompt indices not started, next last (pop())
+    arrival: list[float] | None = None  # s on the call's clock, per prompt (None: all at 0)
+    t0: float = 0.0                 # the clock at the call's start
 
 
 class _Rows:
     """The host side of the slots: which request each holds (-1: none), its tokens, generator and history."""
 
     def __init__(self, B: int):
-        self.req: list[int] = [-1] * B
-        self.out: list[list[int]] = [[] for _ in range(B)]
-        self.gen: list[torch.Generator | None] = [None] * B
-        self.hist: list[list[int]] = [[] for _ in range(B)]
+        self.req: list[int] = []
+        self.out: list[list[int]] = []
+        self.gen: list[torch.Generator | None] = []
+        self.hist: list[list[int]] = []
+        self.add(B)
+
+    def add(self, k: int) -> None:
+        self.req, self.out = self.req + [-1] * k, self.out + [[] for _ in range(k)]
+        self.gen, self.hist = self.gen + [None] * k, self.hist + [[] for _ in range(k)]
 
     def set(self, s: int, req: int, out: list[int], gen: torch.Generator) -> None:
         self.req[s], self.out[s], self.gen[s], self.hist[s] = req, out, gen, []
@@ -109,22 +123,23 @@ class BatchEngine:
     # -- public entries ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
                  seeds: int | list[int] = 0, batch_size: int = 8,
-                 controller: BatchController | None = None) -> BatchResult:
+                 controller: BatchController | None = None, arrivals: list[float] | None = None) -> BatchResult:
         """EAGLE-3 at batch size `batch_size` (default controller: the EAGLE-3 tree every step).
-        seeds: one for all rows or one per prompt; max_new_tokens likewise."""
+        seeds: one for all rows or one per prompt; max_new_tokens likewise. arrivals: each prompt's
+        arrival time in s (module docstring); batch_size is then the most rows at once."""
         if self.head is None:
             raise DraftGymError("method eagle3 needs an EAGLE-3 head")
         return self._run("eagle3", prompts, max_new_tokens, temperature, seeds, batch_size,
-                         controller or StaticBatchController(), features=True)
+                         controller or StaticBatchController(), features=True, arrivals=arrivals)
 
     def generate_ar(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
-                    seeds: int | list[int] = 0, batch_size: int = 8) -> BatchResult:
+                    seeds: int | list[int] = 0, batch_size: int = 8, arrivals: list[float] | None = None) -> BatchResult:
         """AR at batch size `batch_size`: the same step, off every step, no head and no features."""
         return self._run("ar", prompts, max_new_tokens, temperature, seeds, batch_size,
-                         StaticBatchController(StepShape.off()), features=False)
+                         StaticBatchController(StepShape.off()), features=False, arrivals=arrivals)
 
     # -- one call --------------------------------------------------------------------------------
-    def _check(self, prompts, max_new_tokens, temperature, seeds, batch_size, tree: int):
+    def _check(self, prompts, max_new_tokens, temperature, seeds, batch_size, tree: int, arrivals=None):
         if batch_size < 1:
             raise DraftGymError(f"batch_size must be >= 1, got {batch_size}")
         if temperature < 0:
@@ -140,31 +155,71 @@ class BatchEngine:
             if m < 1:
                 raise DraftGymError(f"max_new_tokens must be >= 1, got {m}")
             arch.check_length(self.model.config, len(p), m, tree)
-        return seeds, max_new
+        if arrivals is not None:
+            arrivals = [float(a) for a in arrivals]
+            if len(arrivals) != len(prompts):
+                raise DraftGymError(f"{len(arrivals)} arrival times for {len(prompts)} prompts")
+            if any(not a >= 0 for a in arrivals) or any(b < a for a, b in zip(arrivals, arrivals[1:])):
+                raise DraftGymError("arrival times must be >= 0 and non-decreasing in prompt order")
+        return seeds, max_new, arrivals
 
     @torch.inference_mode()
-    def _run(self, method, prompts, max_new_tokens, temperature, seeds, batch_size, controller, features):
+    def _run(self, method, prompts, max_new_tokens, temperature, seeds, batch_size, controller, features,
+             arrivals=None):
         # a sliding window is never reached (pipeline/decode/arch.py: the slot masks are not windowed):
         # the controller's static V counts up front, a larger V chosen mid-generation at its step
         tree = getattr(controller, "shape", StepShape()).verify_size if self.window else 0
-        seeds, max_new = self._check(prompts, max_new_tokens, temperature, seeds, batch_size, tree)
-        res = BatchResult(method, [RowResult(i, list(p)) for i, p in enumerate(prompts)])
+        seeds, max_new, arrivals = self._check(prompts, max_new_tokens, temperature, seeds, batch_size, tree, arrivals)
+        res = BatchResult(method, [RowResult(i, list(p), arrival_s=a)
+                                   for i, (p, a) in enumerate(zip(prompts, arrivals or [0.0] * len(prompts)))])
         if not prompts:
             return res
         controller.reset()
         t0 = self.clock()
-        B = min(batch_size, len(prompts))
+        run = _Call(prompts, max_new, seeds, temperature, features, res, queue=list(range(len(prompts)))[::-1],
+                    arrival=arrivals, t0=t0)
+        B = min(batch_size, len(prompts) if arrivals is None else self._arrived(run))
         S = max(len(p) for p in prompts) + max(max_new) + HEADROOM
         state = BatchState(self.model, self.head, B, S, features)
         rows = _Rows(B)
-        run = _Call(prompts, max_new, seeds, temperature, features, res, queue=list(range(len(prompts)))[::-1])
         for s in range(B):
             res.prefill_s += self._fill(s, state, rows, run)
         self._drop_dead(state, rows)
-        while rows.req:
-            self._step(state, rows, run, controller)
+        while rows.req or run.queue:
+            if not rows.req:                                  # idle: skip the wait for the next arrival
+                res.idle_s += max(0.0, run.arrival[run.queue[-1]] - self._now(run))
+            self._admit(state, rows, run, batch_size)
+            if rows.req:
+                self._step(state, rows, run, controller)
         res.wall_s = self.clock() - t0
         return res
+
+    # -- the call's clock and arrivals ---------------------------------------------------------------
+    def _now(self, run: _Call) -> float:
+        """s since the call's start, waits for arrivals skipped (module docstring)."""
+        return self.clock() - run.t0 + run.res.idle_s
+
+    def _arrived(self, run: _Call) -> int:
+        """Requests queued that have arrived by now (all of them without arrival times)."""
+        if run.arrival is None or not run.queue:
+            return len(run.queue)
+        now = self._now(run)
+        return sum(1 for i in run.queue if run.arrival[i] <= now)   # queue is newest-first: a short scan
+
+    def _admit(self, state: BatchState, rows: _Rows, run: _Call, max_batch: int) -> None:
+        """Arrived requests take new slots up to max_batch rows (arrivals only; a closed call refills
+        in place). The prefills count as the last step's refills."""
+        k = min(max_batch - len(rows.req), self._arrived(run)) if run.arrival is not None else 0
+        if k <= 0:
+            return
+        first = len(rows.req)
+        state.add(k)
+        rows.add(k)
+        t = sum(self._fill(s, state, rows, run) for s in range(first, first + k))
+        self._drop_dead(state, rows)
+        run.res.prefill_s += t
+        if run.res.steps:
+            run.res.steps[-1].t_refill += t
 
     # -- rows joining and leaving --------------------------------------------------------------------
     def _fill(self, s: int, state: BatchState, rows: _Rows, run: _Call) -> float:
@@ -174,8 +229,9 @@ class BatchEngine:
 
         t0 = self.clock()
         rows.req[s] = -1
-        while run.queue:
+        while run.queue and (run.arrival is None or run.arrival[run.queue[-1]] <= self._now(run)):
             i = run.queue.pop()
+            run.res.rows[i].join_s = self._now(run)
             p, dev = run.prompts[i], self.device
             gen = torch.Generator(device=dev).manual_seed(run.seeds[i])
             cache = DynamicCache(config=self.model.config)
@@ -185,6 +241,7 @@ class BatchEngine:
             out, stop = cut([sample_token(logits[-1], run.T, gen)], self.eos, run.max_new[i])
             if stop is not None:                     # finished by its first token: the slot takes the next prompt
                 run.res.rows[i].output_ids, run.res.rows[i].stop_reason = out, stop
+                run.res.rows[i].finish_s = self._now(run)
                 continue
             feats = head_kv = None
             if run.features:                      # the head reads entries 0..n-2 now (as Engine.generate)
@@ -202,8 +259,7 @@ class BatchEngine:
         """Slots left empty (the queue ran dry) leave the batch: the stores keep the live rows only."""
         keep = [s for s, r in enumerate(rows.req) if r >= 0]
         if len(keep) < len(rows.req):
-            if keep:
-                state.keep(keep)
+            state.keep(keep)                  # none left: an empty batch, which arrivals may grow again
             rows.keep(keep)
 
     # -- one step ----------------------------------------------------------------------------------
@@ -268,7 +324,7 @@ class BatchEngine:
         state.n_host = [n + p[0] + 1 for n, p in zip(state.n_host, packed)]
         return packed, V
 
-    def _plan(self, state: BatchState, rows: _Rows, run: _Call, controller: BatchController):
+    def _plan(self, state: BatchState, rows: _Rows, run: _Call, controller: BatchController, queued: int):
         """Ask the controller for the step's shape. A controller that uses confidences gets each
         root's depth-1 top draft log-prob, from the pending forward run first (its time is t_draft).
         Returns (shape, the pending forward's roots or None, t_draft so far, t_controller so far)."""
@@ -280,7 +336,7 @@ class BatchEngine:
             confidence = log_softmax32(root[1]).amax(-1)                                   # [A]
         ctx = BatchStepContext(step=len(res.steps), batch_size=state.rows, rows=list(rows.req),
                                context_lens=list(state.n_host), new_tokens=[len(o) for o in rows.out],
-                               history=rows.hist, queued=len(run.queue), confidence=confidence,
+                               history=rows.hist, queued=queued, confidence=confidence,
                                last=res.steps[-1] if res.steps else None)
         c0 = clock()
         shape = StepShape.of(controller.plan(ctx))
@@ -291,8 +347,9 @@ class BatchEngine:
     def _step(self, state: BatchState, rows: _Rows, run: _Call, controller: BatchController) -> None:
         clock, res = self.clock, run.res
         A = state.rows
+        queued = self._arrived(run)
         t_start = clock()
-        shape, root, t_draft, t_ctrl = self._plan(state, rows, run, controller)
+        shape, root, t_draft, t_ctrl = self._plan(state, rows, run, controller, queued)
         d0 = clock()
         if shape.is_off:
             trees, width = root_trees(self._roots(state)), 1
@@ -309,8 +366,12 @@ class BatchEngine:
         t_verify = clock() - v0
         record = StepRecord(step=len(res.steps), batch_size=A, depth=shape.depth, width=width, verify_size=V,
                             rows=list(rows.req), context_lens=ctx_lens, accepted=[p[0] for p in packed],
-                            emitted=[], queued=len(run.queue), t_draft=t_draft, t_verify=t_verify)
+                            emitted=[], queued=queued, t_draft=t_draft, t_verify=t_verify)
         done = self._emit(rows, record, packed, run)
+        if done:
+            now = self._now(run)
+            for s in done:
+                run.res.rows[rows.req[s]].finish_s = now
         c0 = clock()
         controller.observe(record)
         c1 = clock()

@@ -99,6 +99,10 @@ class HeadSlotKV(KVBuffer):
         self.keys, self.values = _grow(self.keys, 2, S), _grow(self.values, 2, S)
 
 
+def _add_rows(t: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.cat([t, t.new_zeros((k, *t.shape[1:]))])
+
+
 def _grow(t: torch.Tensor, dim: int, S: int) -> torch.Tensor:
     if t.shape[dim] >= S:
         return t
@@ -151,13 +155,26 @@ class BatchState:
 
     def keep(self, keep: list[int]) -> None:
         """Drop every slot but `keep` (a copy of the live rows; done when a row leaves an empty queue)."""
-        rows = torch.tensor(keep, device=self.ids.device)
+        rows = torch.tensor(keep, dtype=torch.long, device=self.ids.device)
         self.kv.keep(rows)
         self.ids, self.n, self.dl = self.ids[rows], self.n[rows], self.dl[rows]
         self.n_host, self.dl_host = [self.n_host[i] for i in keep], [self.dl_host[i] for i in keep]
         if self.feat is not None:
             self.feat = self.feat[rows]
             self.hkv.keep(rows)
+
+    def add(self, k: int) -> None:
+        """k empty slots after the live ones (a copy; done when arriving requests find room below
+        the batch's limit). The caller loads each before the next forward."""
+        kv = self.kv
+        kv.k, kv.v = [_add_rows(t, k) for t in kv.k], [_add_rows(t, k) for t in kv.v]
+        kv.pos = _add_rows(kv.pos, k)
+        self.ids, self.n, self.dl = _add_rows(self.ids, k), _add_rows(self.n, k), _add_rows(self.dl, k)
+        self.n_host, self.dl_host = self.n_host + [0] * k, self.dl_host + [0] * k
+        if self.feat is not None:
+            self.feat = _add_rows(self.feat, k)
+            h = self.hkv
+            h.keys, h.values, h.pos = _add_rows(h.keys, k), _add_rows(h.values, k), _add_rows(h.pos, k)
 
     def ensure(self, need: int) -> None:
         """Room for index need - 1 in every store (grown by at least half when short)."""

@@ -1,5 +1,5 @@
 """What a batched generation returns: each prompt's row (tokens, stop reason, the steps it took part
-in) and the step log (one StepRecord per step, pipeline/decode/controller.py), plus the cut rule a
+in, its arrival, join and finish times) and the step log (one StepRecord per step, pipeline/decode/controller.py), plus the cut rule a
 row stops by."""
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ class RowResult:
     output_ids: list[int] = field(default_factory=list)
     stop_reason: str = ""           # 'eos' | 'max_new_tokens'
     cycles: list[RowCycle] = field(default_factory=list)
+    arrival_s: float = 0.0          # when the request arrived, s on the call's clock (0: at the start)
+    join_s: float | None = None     # when its prefill began (it took a slot)
+    finish_s: float | None = None   # when its last token was emitted
 
     @property
     def new_tokens(self) -> int:
@@ -50,6 +53,7 @@ class BatchResult:
     steps: list[StepRecord] = field(default_factory=list)
     wall_s: float = 0.0
     prefill_s: float = 0.0          # every row's prefill (target + head), refills included
+    idle_s: float = 0.0             # waits for the next arrival skipped on the call's clock (arrivals only)
 
     def __len__(self):
         return len(self.rows)

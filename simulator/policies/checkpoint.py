@@ -2,7 +2,8 @@
 
 A checkpoint is a directory with manifest.json + one torch state_dict file per component:
 
-    {"format": "draftgym-policy", "version": 1, "name": ..., "method": "ltd" | "radar" | "resps" | "resps-load",
+    {"format": "draftgym-policy", "version": 1, "name": ..., "method": "ltd" | "radar" | "resps" | "resps-load"
+              | "ltd-load" | "radar-load",
      "components": {"depth"|"size"|"radar"|"shape": {
          "file": "depth.pt",
          "net": {"type": "mlp", "in": 102, "hidden": [1024], "out": 2, "obs_norm": true}   |
@@ -12,7 +13,9 @@ A checkpoint is a directory with manifest.json + one torch state_dict file per c
          "action": {"type": "stop_continue", "max_depth": 12} | {"type": "verify_size", "values": [20, ..]} |
                    {"type": "shape", "shapes": [[V, D, W], ..], "hold": 30} |
                    {"type": "serving_shape", "shapes": ["off", "chain:2", "tree:4,10,60", ..], "hold": 5}}},
-     (resps-load: a load-aware serving policy, obs {"name": "serving_load", ...}: simulator/serving/observations.py)
+     (resps-load: a load-aware serving policy, obs {"name": "serving_load", ...}: simulator/serving/observations.py;
+      ltd-load: components "depth" and "size", radar-load: "radar", both with "action": {.., "shapes": [..],
+      "hold": N} and their W, D_max and V in "shape": simulator/serving/train_ltd.py, train_radar.py write them)
      "shape": {"width": 10, "max_depth": 12, "verify_size": 60},    # defaults the hooks start from
      "training": {...}, "created": "..."}
 
@@ -33,10 +36,13 @@ from simulator.policies.base import Policy
 from simulator.policies.ltd import LTDPolicy
 from simulator.policies.radar import RadarPolicy
 from simulator.policies.resps import RespsPolicy
+from simulator.policies.ltd_load import LTDLoadPolicy
+from simulator.policies.radar_load import RadarLoadPolicy
 from simulator.policies.resps_load import LoadAwarePolicy
 
 FORMAT = "draftgym-policy"
 FORMAT_VERSION = 1
+SERVING_METHODS = {"ltd-load": LTDLoadPolicy, "radar-load": RadarLoadPolicy}   # besides resps-load
 
 
 def save_policy(out: str | Path, name: str, method: str, components: dict, shape: dict,
@@ -113,6 +119,8 @@ def _build_checkpoint_policy(man, nets, sh, name, method, path, sample, hold) ->
         c = man["components"]["shape"]
         return LoadAwarePolicy(nets["shape"], c["action"]["shapes"], hold=hold or c["action"]["hold"], obs=c["obs"],
                                name=name, sample=sample)
+    if method in SERVING_METHODS:       # the other load-aware serving policies read their own manifest parts
+        return SERVING_METHODS[method].from_checkpoint(man, nets, name, sample=sample, hold=hold)
     variants = {c["obs"].get("variant", "paper") for c in man["components"].values()}
     if len(variants) != 1 or not variants <= set(OBS_VARIANTS):
         raise DraftGymError(f"{path}: components disagree on, or have an unknown, observation variant {sorted(variants)}")

@@ -16,5 +16,8 @@ engines' own rules and formats (docs/serving.md; docs/design.md, "Serving at bat
     observations.py    the load-aware observation: B, queue, context, accept EMA, draft confidences
     env.py             the load-aware replay env: n servers under Poisson load, one shape held per decision
     learned.py         a learned load-aware policy as a step chooser (`serve-eval --policy`)
-    train_load.py      `draftgym train-load`: PPO for the load-aware shape policy (method resps-load)
+    train_load.py      `draftgym train-load`: the load-aware shape policy; method resps (PPO over a shape list)
+    train_ltd.py       train-load --method ltd: a depth and a size head, PPO on the joint log-prob
+    train_radar.py     train-load --method radar: stop / continue per depth level, REINFORCE with a baseline
+    plots.py           the serving figures: tokens/s against B, the schedule, throughput across arrival rates
 """

@@ -4,6 +4,9 @@
     sweep(rates, n, seed)     a load sweep: n Poisson arrivals at each rate in turn, continuing in time
     read_trace(path)          a file of arrival times: one number per line (blank lines and # comments
                               skipped) or one JSON list; read exactly; a bad file is a one-line DataError
+    write_trace(path, ...)    the same file from times: a # header, then one time per line, written
+                              with Python's shortest round-trip repr, so read_trace gives back the
+                              same float64 values (`draftgym serve-eval --write-trace`)
     rates_for_batches(...)    the rates that would hold B rows busy under AR decoding (Little's law):
 
         B = lambda * T * t_AR(B)   =>   lambda_B = B / (T * t_AR(c, B))
@@ -66,6 +69,29 @@ def read_trace(path) -> np.ndarray:
         i = int(np.flatnonzero(np.diff(t) < 0)[0])
         raise DataError(f"arrival trace {path}: times must not decrease (entry {i + 2} is {t[i + 1]:g} after {t[i]:g})")
     return t
+
+
+def write_trace(path, times, header=(), segments=None) -> Path:
+    """Arrival times [R] to a trace file (module docstring). header: comment lines written first;
+    segments: (label, count) pairs, a `# label: requests i-j` comment before each run of `count`
+    times (a sweep's rates), counts summing to R."""
+    t = np.asarray(times, np.float64)
+    if t.ndim != 1 or t.size == 0 or not np.all(np.isfinite(t)) or (t < 0).any() or (np.diff(t) < 0).any():
+        raise DataError("a trace needs at least one finite arrival time >= 0, non-decreasing")
+    segments = list(segments) if segments is not None else [(None, len(t))]
+    if sum(n for _, n in segments) != len(t):
+        raise DataError(f"trace segments count {sum(n for _, n in segments)} requests, the times {len(t)}")
+    lines = [f"# {h}" for h in header]
+    i = 0
+    for name, n in segments:
+        if name is not None:
+            lines.append(f"# {name}: requests {i + 1}-{i + n}")
+        lines += [repr(float(x)) for x in t[i:i + n]]
+        i += n
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def rates_for_batches(batches, mean_tokens: float, latency, context_len: float) -> np.ndarray:

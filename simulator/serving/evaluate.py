@@ -21,6 +21,11 @@ Figures (metrics.py): throughput, x AR, wall tokens/s, TPOT mean and p90, time i
 under the TPOT target (default: AR's median TPOT in this run), tau, draft tokens per row-step,
 mean and largest batch; for a sweep, the mean TPOT of the requests of each rate (how each method
 fares as the load grows).
+
+--write-trace FILE writes the load's arrival times instead (arrivals.write_trace: a header naming
+the rates and the seed, a comment before each rate's requests, one time in seconds per line) and
+exits: the same arrivals this command replays, for `draftgym validate --load-trace FILE` to serve
+on the device (docs/serving.md, "Validating on the device under load").
 """
 from __future__ import annotations
 
@@ -40,7 +45,7 @@ from simulator.serving.choosers import GreedyOracle, ScheduleChooser, StaticChoo
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
 from simulator.serving.sglang_adaptive import SGLangAdaptive, load_config
-from simulator.serving.tune import load_inputs, tune
+from simulator.serving.tune import load_inputs, profiled_candidates, tune
 
 
 @dataclass
@@ -64,6 +69,7 @@ class ServeEvalConfig:
     oracle: bool = True                   # run the greedy per-step oracle
     policies: tuple = ()                  # load-aware policy directories (`draftgym train-load`) to replay too
     out: str | None = None                # write the table as JSON
+    write_trace: str | None = None        # write the arrival times to this file and exit (no replay)
     model: str | None = None
     temperature: float | None = None
     dataset: str | None = None
@@ -88,6 +94,26 @@ def make_arrivals(cfg: ServeEvalConfig, logs, lat) -> tuple[np.ndarray, dict]:
         rates = arr.rates_for_batches(tb, float(np.mean(logs.new_tokens - 1)), lat, float(np.mean(logs.context_len)))
     t = arr.sweep(rates, cfg.requests_per_rate, cfg.seed)
     return t, {"rates": [float(r) for r in rates], "requests_per_rate": cfg.requests_per_rate, "seed": cfg.seed}
+
+
+def write_arrivals(cfg: ServeEvalConfig) -> dict:
+    """--write-trace: the arrivals `serve_eval` would replay, to cfg.write_trace (module docstring)."""
+    if cfg.trace:
+        raise DraftGymError("--write-trace writes a Poisson sweep; --trace already names a trace file")
+    logs, lat = load_inputs(cfg, cfg.split)
+    if logs.n_sequences == 0:
+        raise DataError(f"no sequences in split {cfg.split!r}")
+    t, load = make_arrivals(cfg, logs, lat)
+    rates, n = load["rates"], load["requests_per_rate"]
+    how = (f"--rates {cfg.rates}" if cfg.rates else
+           f"--target-batches {cfg.target_batches} (rates keeping about B rows busy under AR: mean "
+           f"{float(np.mean(logs.new_tokens - 1)):.1f} tokens per {cfg.split} request, latency profile "
+           f"{lat.meta.get('profile_id')} on {lat.meta.get('device')})")
+    header = ["draftgym serve-eval --write-trace: arrival times in s, one per line (simulator/serving/arrivals.py)",
+              f"Poisson sweep: rates {','.join(f'{r:.6g}' for r in rates)} req/s, {n} requests per rate, seed "
+              f"{cfg.seed} (rate k drawn with seed {cfg.seed} + k)", f"rates from {how}"]
+    path = arr.write_trace(cfg.write_trace, t, header, [(f"rate {r:.6g} req/s", n) for r in rates])
+    return {"trace": str(path), "requests": int(len(t)), "span_s": float(t[-1]), **load}
 
 
 def best_static(logs, lat, arrivals, max_batch, shapes) -> tuple[tuple, dict]:
@@ -125,13 +151,13 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
         raise DataError(f"no sequences in split {cfg.split!r} or tuning split {cfg.tune_split!r}")
     arrivals, load = make_arrivals(cfg, logs, lat)
     max_batch = cfg.max_batch or max(parse_positive_ints(cfg.target_batches, "--target-batches"))
-    cands = S.candidates(tune_logs, cfg.shapes)
+    cands, cand_note = profiled_candidates(tune_logs, lat, cfg.shapes)
     if cfg.schedule:
         sched = Schedule.load(cfg.schedule)
     else:
         sched = tune(tune_logs, lat, parse_positive_ints(cfg.batch_sizes, "--batch-sizes"), cands,
                      split=cfg.tune_split)["schedule"]
-    notes = []
+    notes = [cand_note] if cand_note else []
     static_pool = list(dict.fromkeys([S.OFF, *[s for s in cands if S.is_chain(s)], *sched.shapes()]))
     best, static_runs = best_static(tune_logs, lat, arrivals, max_batch, static_pool)
     methods = [StaticChooser(S.OFF, "AR"), StaticChooser(best, f"best static ({S.label(best)})"),
@@ -166,6 +192,13 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
 
 
 def run_serve_eval_command(cfg: ServeEvalConfig) -> int:
+    if cfg.write_trace:
+        info = write_arrivals(cfg)
+        print(json.dumps(info) if cfg.as_json else
+              f"wrote {info['requests']} arrival times over {info['span_s']:.1f} s to {info['trace']} (rates "
+              + ", ".join(f"{r:.3g}" for r in info["rates"]) + f" req/s, {info['requests_per_rate']} each, seed "
+              f"{info['seed']}); serve them with `draftgym validate --load-trace {info['trace']}`")
+        return 0
     rep = serve_eval(cfg)
     if cfg.out:
         Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,23 @@
-"""`draftgym train-load`: a learned load-aware shape policy, trained by PPO in the serving replay.
+"""`draftgym train-load`: a learned load-aware shape policy, trained in the serving replay.
 
-Method "resps-load" (Re-SpS at batch size B): an MLP over the load-aware observation
+Three methods (`--method`), each deciding the shared shape of the next `hold` steps from the same
+load-aware observation, in the same env (simulator/serving/env.py), for the same reward, validated
+and saved the same way:
+
+    resps (default)  Re-SpS at batch size B: one categorical over a list of shapes, PPO (below;
+                     the checkpoint's method "resps-load", the policy simulator/policies/resps_load.py)
+    ltd              LTD at batch size B: a depth head D in 0..Dmax and a size head V, W fixed, PPO on the
+                     joint log-prob (settings, action set, trainer: simulator/serving/train_ltd.py; the
+                     policy: simulator/policies/ltd_load.py)
+    radar            RADAR at batch size B: stop / continue at each depth level, V fixed per D by a rule,
+                     REINFORCE with a baseline (simulator/serving/train_radar.py; simulator/policies/radar_load.py)
+
+The env, the replay and `serve-eval` speak shape indices: ltd and radar each build their list of
+candidate shapes and map their structured decision (D, V) or D to an index of it (the reasons are in
+their trainers). `--width` and `--max-depth` set their W and Dmax (W = 0: 1 when the logs have width 1,
+else their primary width); their other settings are LTDLoadConfig's and RadarLoadConfig's.
+
+Method resps (Re-SpS at batch size B): an MLP over the load-aware observation
 (simulator/serving/observations.py) picks the shared shape of the next `hold` steps from a fixed set
 (simulator/serving/env.py). The action set ("auto"):
 
@@ -15,9 +32,9 @@ split, at the rates that keep about `target_batches` rows busy under AR, with th
 (simulator/serving/learned.py): its tokens/s. training.json also holds AR's and the schedule's
 tokens/s on the same sweep (the schedule tuned on the training split).
 
-Written to --out: the checkpoint (manifest.json, method "resps-load", loadable by
-simulator/policy_specs.load_policy), training.json and training_curve.png. Replay it beside the
-baselines with `draftgym serve-eval --policy <out>`.
+Written to --out: the checkpoint (manifest.json, method "resps-load", "ltd-load" or "radar-load",
+loadable by simulator/policy_specs.load_policy), training.json and training_curve.png. Replay it
+beside the baselines with `draftgym serve-eval --policy <out>`.
 """
 from __future__ import annotations
 
@@ -40,10 +57,16 @@ from simulator.serving.env import OBJECTIVES, LoadEnv, LoadEnvConfig
 from simulator.serving.learned import LearnedChooser
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
+from simulator.serving import train_ltd, train_radar
+from simulator.serving.train_ltd import LTDLoadConfig
+from simulator.serving.train_radar import RadarLoadConfig
 from simulator.serving.tune import load_inputs, tune
 from simulator.train.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
 
-METHODS = ("resps-load",)
+METHODS = ("resps", "ltd", "radar")
+ALIASES = {"resps-load": "resps"}                           # the name train-load's one method had
+MANIFEST_METHOD = {"resps": "resps-load", "ltd": "ltd-load", "radar": "radar-load"}
+MODULES = {"ltd": train_ltd, "radar": train_radar}          # action_shapes(logs, cfg), train(env, cfg, ..), components
 
 
 @dataclass
@@ -51,7 +74,8 @@ class LoadTrainConfig:
     """`draftgym train-load` settings."""
     logs: str = ""                        # logs root (sequences/, positions/, latency/ with batch rows) (required)
     out: str = ""                         # policy directory (required)
-    method: str = "resps-load"            # resps-load: an MLP picks the step's shape, held `hold` steps
+    method: str = "resps"                 # resps: an MLP picks the step's shape from a list (PPO) | ltd: a depth and
+                                          # a size head (PPO) | radar: stop / continue per depth (REINFORCE)
     split: str = "train"                  # training split
     val_split: str = "val"                # validation split (the best validated actor is kept)
     shapes: str = "auto"                  # action set: auto (module docstring) or labels, e.g. "off chain:2 tree:4,10,60"
@@ -80,6 +104,26 @@ class LoadTrainConfig:
         n_envs=64, n_steps=16, minibatch=128, epochs=4, clip=0.2, ent_coef=0.01, lr=3e-4, warmup_frac=0.0,
         gamma=0.0, actor_hidden=(64, 64), critic_hidden=(64, 64), boundary="step", eval_every=5,
         amp="off"))                       # nets this small gain nothing from bf16 (its casts cost more)
+    ltd: LTDLoadConfig = field(default_factory=LTDLoadConfig)          # --method ltd (W, Dmax, V grid, PPO)
+    radar: RadarLoadConfig = field(default_factory=RadarLoadConfig)    # --method radar (W, Dmax, V(D), REINFORCE)
+
+
+def resolve_method(method: str) -> str:
+    """resps | ltd | radar (resps-load: resps); a one-line error otherwise."""
+    m = ALIASES.get(method, method)
+    if m not in METHODS:
+        raise DraftGymError(f"unknown load-aware method {method!r} (known: {', '.join(METHODS)})")
+    return m
+
+
+def method_config(cfg: LoadTrainConfig, method: str, logs):
+    """ltd / radar: the method's settings with W resolved (0: 1 when the logs have width 1, else their
+    primary width); a DataError when the logs lack that width."""
+    mcfg = getattr(cfg, method)
+    w = mcfg.width or (1 if 1 in logs.w else int(logs.width))
+    if w not in logs.w:
+        raise DataError(f"--width {w}: not in the logs (widths {sorted(logs.w)})")
+    return replace(mcfg, width=w)
 
 
 def action_shapes(cfg: LoadTrainConfig, logs, schedule) -> list:
@@ -112,9 +156,12 @@ def make_policy(actor, shapes, cfg: LoadTrainConfig, obs_spec: dict, name: str =
 
 
 def train_load(cfg: LoadTrainConfig) -> dict:
-    """Train; returns {"actor", "shapes", "obs_spec", "history", "val", "reference", "val_rates"}."""
-    if cfg.method not in METHODS:
-        raise DraftGymError(f"unknown load-aware method {cfg.method!r} (known: {', '.join(METHODS)})")
+    """Train; returns {"actor" (resps) or "policy" (ltd, radar), "shapes", "obs_spec", "history", "val",
+    "reference", "val_rates", "algo" (the method's resolved settings), "schedule"}."""
+    method = resolve_method(cfg.method)
+    if method != "resps" and cfg.shapes != "auto":
+        raise DraftGymError(f"--shapes is resps's action set; --method {method} builds its own from --width and "
+                            f"--max-depth")
     if cfg.objective not in OBJECTIVES:
         raise DraftGymError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {cfg.objective!r}")
     train, lat = load_inputs(cfg, cfg.split)
@@ -123,26 +170,34 @@ def train_load(cfg: LoadTrainConfig) -> dict:
         raise DataError(f"no sequences in split {cfg.split!r} or validation split {cfg.val_split!r}")
     sched = tune(train, lat, parse_positive_ints(cfg.tune_batches, "--tune-batches"),
                  S.candidates(train, "all"))["schedule"]
-    shapes = action_shapes(cfg, train, sched)
+    if method == "resps":
+        shapes, n_envs = action_shapes(cfg, train, sched), cfg.ppo.n_envs
+    else:
+        mcfg = method_config(cfg, method, train)
+        shapes, n_envs = MODULES[method].action_shapes(train, mcfg), mcfg.n_envs
     missing = [S.label(s) for s in shapes if not S.replayable(val, s)]
     if missing:
         raise DataError(f"the validation split cannot replay {', '.join(missing)}")
     tb = parse_positive_ints(cfg.target_batches, "--target-batches")
     env = LoadEnv(train, lat, shapes, LoadEnvConfig(
-        n_envs=cfg.ppo.n_envs, max_batch=cfg.max_batch, hold=cfg.hold, target_batches=tb,
+        n_envs=n_envs, max_batch=cfg.max_batch, hold=cfg.hold, target_batches=tb,
         episode_decisions=cfg.episode_decisions, objective=cfg.objective, rate_ref=cfg.rate_ref,
         confidence_depth=cfg.confidence_depth, seed=cfg.seed))
     obs_spec = env.spec.to_json()
     arrivals, rates = val_sweep(cfg, val, lat)
     reference = {"ar": serve_tokens_per_s(val, lat, shapes, StaticChooser(S.OFF, "AR"), arrivals, cfg.max_batch),
                  "schedule": serve_tokens_per_s(val, lat, shapes, ScheduleChooser(sched), arrivals, cfg.max_batch)}
-    validate = lambda actor: serve_tokens_per_s(val, lat, shapes, LearnedChooser(make_policy(actor, shapes, cfg, obs_spec)),
-                                                arrivals, cfg.max_batch)
+    out = {"shapes": shapes, "obs_spec": obs_spec, "reference": reference, "val_rates": rates,
+           "schedule": [[lo, hi, S.label(s)] for lo, hi, s in sched.ranges]}
+    serve_policy = lambda policy: serve_tokens_per_s(val, lat, shapes, LearnedChooser(policy), arrivals, cfg.max_batch)
+    if method != "resps":
+        r = _one_thread(lambda: MODULES[method].train(env, mcfg, cfg.steps, cfg.seed, validate=serve_policy,
+                                                      progress=cfg.progress, name=MANIFEST_METHOD[method]))
+        return {**out, "policy": r["policy"], "history": r["history"], "val": r["best_val"], "algo": r["config"]}
+    validate = lambda actor: serve_policy(make_policy(actor, shapes, cfg, obs_spec))
     r = _one_thread(lambda: ppo_train(env, replace(cfg.ppo, total_steps=cfg.steps, seed=cfg.seed), validate=validate,
                                       desc="resps-load", progress=cfg.progress, phase="resps-load"))
-    return {"actor": r["best_actor"], "shapes": shapes, "obs_spec": obs_spec, "history": r["history"],
-            "val": r["best_val"], "reference": reference, "val_rates": rates, "ppo": r["config"],
-            "schedule": [[lo, hi, S.label(s)] for lo, hi, s in sched.ranges]}
+    return {**out, "actor": r["best_actor"], "history": r["history"], "val": r["best_val"], "algo": r["config"]}
 
 
 def _one_thread(fn):
@@ -159,6 +214,10 @@ def _one_thread(fn):
 
 
 def save(out: Path, res: dict, cfg: LoadTrainConfig, training: dict) -> Path:
+    method = resolve_method(cfg.method)
+    if method != "resps":
+        comps, shape = MODULES[method].components(res["policy"], getattr(cfg, method))
+        return save_policy(out, out.name, MANIFEST_METHOD[method], comps, {"max_batch": cfg.max_batch, **shape}, training)
     spec = res["obs_spec"]
     return save_policy(out, out.name, "resps-load", {"shape": {
         "module": res["actor"], "net": mlp_spec(spec["dim"], cfg.ppo.actor_hidden, len(res["shapes"])),
@@ -175,18 +234,22 @@ def run_train_load_command(cfg: LoadTrainConfig) -> int:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     curve = out / "training_curve.png"
-    plot_history(res["history"], curve, f"{cfg.method} (serving replay)")
-    summary = {"method": cfg.method, "out": str(out), "val_tokens_per_s": res["val"], "reference": res["reference"],
+    method = resolve_method(cfg.method)
+    name = MANIFEST_METHOD[method]
+    plot_history(res["history"], curve, f"{name} (serving replay)")
+    algo_key = "ppo" if method == "resps" else method
+    summary = {"method": name, "out": str(out), "val_tokens_per_s": res["val"], "reference": res["reference"],
                "val_rates": res["val_rates"], "shapes": [S.label(s) for s in res["shapes"]],
-               "schedule_on_train": res["schedule"], "obs": res["obs_spec"], "config": {**asdict(cfg), "ppo": res["ppo"]},
-               "curve": str(curve), "wall_s": time.perf_counter() - t0}
+               "schedule_on_train": res["schedule"], "obs": res["obs_spec"],
+               "config": {**asdict(cfg), algo_key: res["algo"]}, "curve": str(curve),
+               "wall_s": time.perf_counter() - t0}
     save(out, res, cfg, summary)
     (out / "training.json").write_text(json.dumps({**summary, "history": res["history"]}, indent=1, default=str) + "\n")
     if cfg.as_json:
         print(json.dumps(summary, default=str))
         return 0
     ref = res["reference"]
-    print(f"saved {cfg.method} policy to {out}: validation {res['val']:.1f} tokens/s under load (AR {ref['ar']:.1f}, "
+    print(f"saved {name} policy to {out}: validation {res['val']:.1f} tokens/s under load (AR {ref['ar']:.1f}, "
           f"schedule {ref['schedule']:.1f}); {len(res['shapes'])} shapes, hold {cfg.hold}; "
           f"{summary['wall_s']:.0f} s; curve {curve}")
     return 0

@@ -135,12 +135,28 @@ def plot_curves(res: dict, path) -> None:
     plt.close(fig)
 
 
+def profiled_candidates(logs, latency, which: str = "all") -> tuple[list, str | None]:
+    """shapes.candidates, less the shapes whose V or W lies beyond the profile's measured range: the
+    latency model holds time flat there (simulator/latency_surface.py), so a V = 240 tree would cost
+    what the largest profiled V costs and win on paper. Returns (shapes, a note naming what was left
+    out, or None)."""
+    cands = S.candidates(logs, which)
+    v_max = float(np.max(latency.verify.points["x"]))
+    w_max = float(np.max(latency.draft.points["x"]))
+    keep = [s for s in cands if s[2] <= v_max and s[1] <= w_max]
+    dropped = len(cands) - len(keep)
+    note = (f"left out {dropped} shapes with V > {v_max:g} or W > {w_max:g}, beyond the latency profile's "
+            f"measured range (profile larger --verify-sizes / --widths to tune them)") if dropped else None
+    return keep, note
+
+
 def run_tune_command(cfg: TuneConfig) -> int:
     bs = parse_positive_ints(cfg.batch_sizes, "--batch-sizes")
     logs, lat = load_inputs(cfg)
     if logs.n_sequences == 0:
         raise DataError(f"no sequences in split {cfg.split!r}")
-    res = tune(logs, lat, bs, S.candidates(logs, cfg.shapes), cfg.requests_per_slot, cfg.max_batch, cfg.split)
+    cands, note = profiled_candidates(logs, lat, cfg.shapes)
+    res = tune(logs, lat, bs, cands, cfg.requests_per_slot, cfg.max_batch, cfg.split)
     sched = res["schedule"]
     out = sched.save(cfg.out)
     table = write_table(res, out.with_suffix(".csv"))
@@ -149,7 +165,7 @@ def run_tune_command(cfg: TuneConfig) -> int:
     rows = summary_rows(res)
     if cfg.as_json:
         print(json.dumps({"schedule": sched.to_json()["ranges"], "per_batch": rows, "out": str(out),
-                          "table": str(table), "plot": cfg.plot}))
+                          "table": str(table), "plot": cfg.plot, "note": note}))
         return 0
     print(f"tuned on {logs.n_sequences} {cfg.split} sequences, {len(res['shapes'])} shapes, latency "
           f"{lat.meta.get('profile_id')} ({lat.meta.get('device')})")
@@ -159,4 +175,6 @@ def run_tune_command(cfg: TuneConfig) -> int:
               f"{(r['x_second'] or float('nan')):>6.3f}  {r['second']}")
     print("schedule: " + ", ".join(f"B {b} -> {s}" for b, s in sched.table()))
     print(f"wrote {out} and {table}" + (f" and {cfg.plot}" if cfg.plot else ""))
+    if note:
+        print("note: " + note)
     return 0
