@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.collect.actor import GROUP_PROMPTS, GROUP_TOKENS, write_prompt_log
-from pipeline.collect.prompt import CollectConfig, PromptLog, collect_prompts
+from pipeline.collect.prompt import CollectConfig, PromptLog, collect_prompts, generate_past_eos
 from pipeline.decode.batch_generate import length_groups
 from pipeline.errors import DraftGymError
 from pipeline.logs.storage import resolve_out
@@ -87,20 +87,14 @@ def text_id(prompt_id: str, output_ids) -> str:
 def with_lookahead(engine, prompt_ids: list[int], output_ids: list[int], stop: str, lookahead: int):
     """(y, T, stop) for collect_prompts: the decoded text (T tokens) plus `lookahead` greedy tokens
     after it, so the acceptance of trees rooted near the end is exact, as in collection
-    (generate_continuation). The lookahead comes from the batch-1 engine's generate_ar on prompt +
-    text with engine.eos emptied: batch-1 rounding is the decoding's, where the batched generator's
-    could break a bf16 near-tie differently. A text that ended at EOS gets none, as collection cuts y
+    (generate_continuation). The lookahead comes from the batch-1 engine on prompt + text, past EOS
+    (pipeline/collect/prompt.generate_past_eos): batch-1 rounding is the decoding's, where the batched
+    generator's could break a bf16 near-tie differently. A text that ended at EOS gets none, as collection cuts y
     at the first EOS (pipeline/collect/prompt._cut)."""
     y, T = list(output_ids), len(output_ids)
     if stop == "eos" or lookahead <= 0:
         return y, T, stop
-    eos = engine.eos
-    engine.eos = set()                                   # run past EOS, as generate_continuation does
-    try:
-        y += engine.generate_ar(list(prompt_ids) + y, lookahead, 0.0, 0).output_ids
-    finally:
-        engine.eos = eos
-    return y, T, stop
+    return y + generate_past_eos(engine, list(prompt_ids) + y, lookahead), T, stop
 
 
 def collect_texts(engine, head, prompts: list[list[int]], texts: list[tuple[list[int], str]],

@@ -114,9 +114,9 @@ def run_device(engine, chooser, prompts, max_new, arrivals, max_batch, seeds, T)
     else:
         res = engine.generate(prompts, max_new, T, seeds, batch_size=max_batch, arrivals=arrivals,
                               controller=ChooserController(chooser, max_new))
-    busy = res.wall_s
-    extra = {"wall_tokens_per_s": res.new_tokens / busy if busy > 0 else 0.0,
-             "prefill_share": res.prefill_s / busy if busy > 0 else 0.0, "idle_skipped_s": res.idle_s}
+    wall = res.wall_s                          # the call's wall, idle waits skipped
+    extra = {"wall_tokens_per_s": res.new_tokens / wall if wall > 0 else 0.0,
+             "prefill_share": res.prefill_s / wall if wall > 0 else 0.0, "idle_skipped_s": res.idle_s}
     return device_result(res, chooser.name), extra, res
 
 

@@ -26,14 +26,7 @@ from simulator.serving.schedule import Schedule
 from simulator.serving.sglang_adaptive import AdaptiveTier, SGLangAdaptive, parse_config
 from simulator.serving.sglang_import import latency_rows, read_bench
 from simulator.serving.tune import tune
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    d = tmp_path_factory.mktemp("serving-logs")
-    write_synthetic_logs(d, SyntheticConfig(n_sequences=5, widths=(1, 4), new_tokens=(12, 30), latency_profile="gpu",
-                                            latency_batches=(1, 2, 4, 8)))
-    return d
+from tests.serving_fixtures import root, logs, lat  # noqa: F401 (pytest fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +35,6 @@ def w10_root(tmp_path_factory):
     d = tmp_path_factory.mktemp("w10-logs")
     write_synthetic_logs(d, SyntheticConfig(n_sequences=2, new_tokens=(8, 12), latency_profile=None))
     return d
-
-
-@pytest.fixture(scope="module")
-def logs(root):
-    return load_logs(root, widths="all", split="all")
-
-
-@pytest.fixture(scope="module")
-def lat(root):
-    return LatencyModel.from_logs(root)
 
 
 # ------------------------------------------------------------------ exactness

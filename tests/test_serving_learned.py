@@ -12,9 +12,6 @@ import pytest
 from online.cli import main as cli
 from pipeline.errors import DraftGymError
 from simulator.baselines import StaticPolicy
-from simulator.latency_model import LatencyModel
-from simulator.logs.load import load_logs
-from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
 from simulator.policies.resps_load import LoadAwarePolicy
 from simulator.policy_specs import load_policy
 from simulator.serving import observations as O
@@ -24,26 +21,9 @@ from simulator.serving.env import LoadEnv, LoadEnvConfig
 from simulator.serving.learned import LearnedChooser
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
+from tests.serving_fixtures import root, logs, lat  # noqa: F401 (pytest fixtures)
 
 SHAPES = [S.OFF, S.chain(1), S.chain(3), S.canonical((3, 4, 10))]
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    d = tmp_path_factory.mktemp("serving-learned-logs")
-    write_synthetic_logs(d, SyntheticConfig(n_sequences=5, widths=(1, 4), new_tokens=(12, 30), latency_profile="gpu",
-                                            latency_batches=(1, 2, 4, 8)))
-    return d
-
-
-@pytest.fixture(scope="module")
-def logs(root):
-    return load_logs(root, widths="all", split="all")
-
-
-@pytest.fixture(scope="module")
-def lat(root):
-    return LatencyModel.from_logs(root)
 
 
 def _env(logs, lat, **kw):

@@ -33,21 +33,9 @@ from simulator.serving.train_ltd import action_shapes as ltd_shapes
 from simulator.serving.train_radar import RadarLoadConfig
 from simulator.serving.train_radar import action_shapes as radar_shapes
 from simulator.train.ppo import mlp_spec
+from tests.serving_fixtures import root, logs  # noqa: F401 (pytest fixtures)
 
 DRAFT_S = {2: 0.01, 4: 0.3, 8: 0.3}    # a draft forward at B in the "expensive" profile (B = 1: the gpu one's ~2.5 ms)
-
-
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    d = tmp_path_factory.mktemp("serving-methods-logs")
-    write_synthetic_logs(d, SyntheticConfig(n_sequences=5, widths=(1, 4), new_tokens=(12, 30), latency_profile="gpu",
-                                            latency_batches=(1, 2, 4, 8)))
-    return d
-
-
-@pytest.fixture(scope="module")
-def logs(root):
-    return load_logs(root, widths="all", split="all")
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,6 @@ import pytest
 
 from online.cli import main as cli
 from pipeline.errors import DataError
-from simulator.latency_model import LatencyModel
-from simulator.logs.load import load_logs
 from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
 from simulator.serving import arrivals as arr
 from simulator.serving import plots
@@ -22,6 +20,7 @@ from simulator.serving import shapes as S
 from simulator.serving.evaluate import ServeEvalConfig, serve_eval
 from simulator.serving.schedule import Schedule
 from simulator.serving.tune import tune
+from tests.serving_fixtures import logs, lat  # noqa: F401 (pytest fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "04_serving.ipynb"
@@ -35,16 +34,6 @@ def root(tmp_path_factory):
     got, reason = plots.serving_logs(d / "missing", d / "syn", **SMALL)
     assert got == str(d / "syn") and reason.startswith("cannot read")
     return d / "syn"
-
-
-@pytest.fixture(scope="module")
-def logs(root):
-    return load_logs(root, widths="all", split="all")
-
-
-@pytest.fixture(scope="module")
-def lat(root):
-    return LatencyModel.from_logs(root)
 
 
 def bench_report(dtype="float32"):

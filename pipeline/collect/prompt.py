@@ -105,18 +105,23 @@ def _cut(y: list[int], cfg: CollectConfig, eos: set[int]):
     return y, cfg.max_new_tokens, "max_new_tokens"
 
 
-def generate_continuation(engine: Engine, prompt_ids: list[int], cfg: CollectConfig, lookahead: int):
-    """The logged continuation y: T = max_new_tokens tokens (or fewer, up to EOS), plus up to
-    `lookahead` more so the acceptance of trees rooted near the end is exact. Batch 1 (the reference)."""
+def generate_past_eos(engine: Engine, ids: list[int], n: int, temperature: float = 0.0, seed: int = 0) -> list[int]:
+    """Exactly n AR tokens after `ids` with the batch-1 engine, EOS or not (the caller cuts)."""
     eos = engine.eos
-    engine.eos = set()                                   # run past EOS; we cut ourselves
+    engine.eos = set()
     try:
-        # AR, not EAGLE-3: the reference output itself, at a cost that does not depend on the head
-        res = engine.generate_ar(prompt_ids, cfg.max_new_tokens + lookahead, cfg.temperature,
-                                 prompt_seed(cfg.seed, prompt_ids))
+        return engine.generate_ar(ids, n, temperature, seed).output_ids
     finally:
         engine.eos = eos
-    return _cut(res.output_ids, cfg, eos)
+
+
+def generate_continuation(engine: Engine, prompt_ids: list[int], cfg: CollectConfig, lookahead: int):
+    """The logged continuation y: T = max_new_tokens tokens (or fewer, up to EOS), plus up to
+    `lookahead` more so the acceptance of trees rooted near the end is exact. Batch 1 (the reference).
+    AR, not EAGLE-3: the reference output itself, at a cost that does not depend on the head."""
+    y = generate_past_eos(engine, prompt_ids, cfg.max_new_tokens + lookahead, cfg.temperature,
+                          prompt_seed(cfg.seed, prompt_ids))
+    return _cut(y, cfg, engine.eos)
 
 
 def generate_continuations(engine: Engine, prompts: list[list[int]], cfg: CollectConfig, lookahead: int,

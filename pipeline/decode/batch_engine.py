@@ -44,6 +44,7 @@ reads sync too (pipeline/runtime/clock.py). Row bookkeeping (token lists, EOS, r
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import torch
@@ -200,11 +201,12 @@ class BatchEngine:
         return self.clock() - run.t0 + run.res.idle_s
 
     def _arrived(self, run: _Call) -> int:
-        """Requests queued that have arrived by now (all of them without arrival times)."""
+        """Requests queued that have arrived by now (all of them without arrival times). Prompts start
+        in index order and arrivals do not decrease, so it is (arrived by now) - (started)."""
         if run.arrival is None or not run.queue:
             return len(run.queue)
-        now = self._now(run)
-        return sum(1 for i in run.queue if run.arrival[i] <= now)   # queue is newest-first: a short scan
+        started = len(run.prompts) - len(run.queue)
+        return max(0, bisect.bisect_right(run.arrival, self._now(run)) - started)
 
     def _admit(self, state: BatchState, rows: _Rows, run: _Call, max_batch: int) -> None:
         """Arrived requests take new slots up to max_batch rows (arrivals only; a closed call refills
