@@ -8,10 +8,24 @@ shapes, and the view is built from the engine's BatchStepContext:
     batch, context_len, requests, queued     the engine's (the same meaning as in the replay)
     left                                     max_new_tokens - tokens emitted, per row
     rows                                     -1: no log row on the device
+    confidence                               [B, 1] float64: each root's depth-1 top draft log-prob,
+                                             measured by the engine (only on the steps it is asked)
 
-so a chooser that reads the logs' rows (the greedy oracle, a learned policy's log-derived
-confidences) cannot run here, and says so in one line. Static shapes, schedules (a per-B schedule,
-vLLM's example) and SGLang's adaptive rule read only the batch and the accepted lengths.
+Which choosers run here. Static shapes, schedules (a per-B schedule, vLLM's example) and SGLang's
+adaptive rule read only the batch and the accepted lengths. A learned load-aware policy
+(simulator/serving/learned.py LearnedChooser) also reads the batch's draft confidences s_r(d); the
+engine measures s_r(1) (BatchStepContext.confidence: the top-1 log-prob of the roots' pending draft
+forward, the same at every width) when the controller's `uses_confidence` is True, which here is
+exactly on the steps where the policy decides (every `hold` steps) and its observation has
+confidences. So a policy with confidence depth <= 1 runs on the device with the replay's observation
+function; a deeper one is refused in one line. The greedy oracle cannot run here at all: it picks
+each step's shape from every row's logged acceptance under every shape, hindsight the device has not.
+
+Cost. At a decision step the engine runs the pending draft forward before the policy is asked (the
+probe). If the policy picks a drafting shape, that forward is its own first one (no extra work); if
+it picks "off", the forward was paid for nothing but the confidences (and keeps the head's cache
+current). That is the replay's charge (observations.probe_forwards: with k = 1 only "off" pays, one
+forward), so device and replay price a decision alike; the policy call itself is in t_controller.
 """
 from __future__ import annotations
 
@@ -20,15 +34,19 @@ import numpy as np
 from pipeline.decode.controller import BatchController, BatchStepContext, StepRecord, StepShape
 from pipeline.errors import DraftGymError
 from simulator.serving.choosers import Chooser, GreedyOracle, StepView
+from simulator.serving.learned import LearnedChooser
 from simulator.serving.shapes import canonical, label
 
 
 class ShapeIndex:
-    """The table a chooser sees on the device: its shapes, by index (ShapeTable's `index`, `shapes`)."""
+    """The table a chooser sees on the device: its shapes, by index (ShapeTable's `index`, `shapes`,
+    `depth`, `width`, `verify`; no `logs`: nothing here reads acceptance)."""
 
     def __init__(self, shapes):
         self.shapes = [canonical(s) for s in shapes]
         self._index = {s: i for i, s in enumerate(self.shapes)}
+        a = np.array(self.shapes, np.int64).reshape(-1, 3)
+        self.depth, self.width, self.verify = a[:, 0], a[:, 1], a[:, 2]                  # [A]
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -46,12 +64,17 @@ class ChooserController(BatchController):
     def __init__(self, chooser: Chooser, max_new_tokens: list[int]):
         if isinstance(chooser, GreedyOracle) or not chooser.shapes():
             raise DraftGymError(f"{chooser.name} reads the logs' acceptance; it replays only (draftgym serve-eval)")
-        if getattr(chooser, "policy", None) is not None:
-            raise DraftGymError(f"{chooser.name}: a learned load-aware policy reads log-derived confidences; "
-                                f"it replays only (draftgym serve-eval --policy)")
+        if isinstance(chooser, LearnedChooser):
+            chooser.check_device()               # confidence depth > 1: one line
         self.chooser, self.max_new = chooser, list(max_new_tokens)
         self.table = ShapeIndex(chooser.shapes())
         super().__init__(StepShape(*self.table.shapes[0]))
+
+    @property
+    def uses_confidence(self) -> bool:
+        """Read by the engine before every plan: True exactly when the chooser's next choice is a
+        decision that reads confidences (a learned policy's decision step); False otherwise."""
+        return bool(getattr(self.chooser, "needs_confidence", False))
 
     def reset(self) -> None:
         self.chooser.reset(self.table, None)
@@ -60,9 +83,12 @@ class ChooserController(BatchController):
     def plan(self, ctx: BatchStepContext) -> StepShape:
         B = ctx.batch_size
         req = np.asarray(ctx.rows, np.int64)
+        conf = None
+        if ctx.confidence is not None:                                   # [B] tensor -> [B, 1] float64
+            conf = ctx.confidence.detach().to("cpu").double().numpy().reshape(B, 1)
         self.view = StepView(batch=B, rows=np.full(B, -1, np.int64), context_len=np.asarray(ctx.context_lens, np.int64),
                              left=np.array([self.max_new[r] for r in ctx.rows], np.int64) - np.asarray(ctx.new_tokens),
-                             requests=req, time=0.0, queued=ctx.queued)
+                             requests=req, time=0.0, queued=ctx.queued, confidence=conf)
         self.a = int(self.chooser.choose(self.view))
         return StepShape(*self.table.shapes[self.a])
 

@@ -56,7 +56,8 @@ def add_validate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="run policies in the loop on this device; speedup, lossless, sim-vs-real report")
     add_model_head(p)
     p.add_argument("--policy", dest="policies", metavar="POLICY", action="append", default=[],
-                   help="checkpoint dir or built-in spec (repeatable)")
+                   help="checkpoint dir or built-in spec (repeatable); with --load-trace, a load-aware serving "
+                        "checkpoint (`draftgym train-load`, confidence depth <= 1) run as one more method")
     p.add_argument("--dataset", dest="datasets", metavar="DATASET", type=comma_list, default="mt-bench",
                    help="comma-separated datasets")
     add_split(p)
@@ -99,8 +100,8 @@ def add_validate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--load-trace", default=None, metavar="FILE",
                    help="a file of arrival times (s, one per line or a JSON list): the batched engine serves the "
                         "requests as they arrive (continuous batching up to --max-batch rows) with AR, each --shapes "
-                        "shape, the --schedule, vLLM's example schedule and SGLang's adaptive rule, against the serving "
-                        "replay of the same trace (online/validate_load.py) (default: none)")
+                        "shape, the --schedule, vLLM's example schedule, SGLang's adaptive rule and each --policy, against "
+                        "the serving replay of the same trace (online/validate_load.py) (default: none)")
     p.add_argument("--max-batch", type=int, default=16, help="with --load-trace: the most rows decoding at once")
     add_json(p, "print the report as one JSON object")
     add_no_progress(p)

@@ -16,6 +16,10 @@ chooser (online/chooser_adapter.py):
     schedule               the --schedule (a per-B schedule written by `draftgym tune`)
     vLLM EAGLE-3 example   vLLM's documented schedule (chains: 1-16 -> 5, ..., 129-512 -> 0)
     SGLang adaptive        SGLang's EMA rule on its stored tiers (simulator/serving/sglang_adaptive.py)
+    learned <ckpt> (...)   each --policy: a load-aware serving policy (`draftgym train-load`), deciding
+                           every `hold` steps from the load-aware observation; on the device its draft
+                           confidence is the engine's measured depth-1 log-prob, in the replay the
+                           logs' (simulator/serving/learned.py); confidence depth must be <= 1
 
 Figures, on both sides from one ServingResult (simulator/serving/metrics.py defines them once):
 throughput = step tokens / busy step time, x AR, TPOT mean and p90, time in queue, tau, drafts per
@@ -53,8 +57,32 @@ from simulator.serving.sglang_adaptive import SGLangAdaptive
 FIGURES = ("tokens_per_s", "x_ar", "tpot_mean_s", "tpot_p90_s", "queue_mean_s", "tau", "drafts_per_step", "mean_batch")
 
 
+def learned_methods(cfg: ValidateConfig) -> list:
+    """A LearnedChooser per --policy (one-line errors: a built-in spec, a checkpoint that is not a
+    load-aware serving policy, trained for fewer rows than --max-batch, confidences deeper than the
+    engine measures)."""
+    from online.controller_specs import policy_label
+    from simulator.policy_specs import CHECKPOINT, load_policy, parse_spec
+    from simulator.serving.learned import LearnedChooser
+
+    out = []
+    for spec in cfg.policies:
+        if parse_spec(spec)[0] != CHECKPOINT:
+            raise DraftGymError(f"--policy {spec}: --load-trace runs load-aware serving checkpoints (draftgym "
+                                f"train-load), not built-in batch-1 policies (static shapes: --shapes)")
+        pol = load_policy(spec)
+        ch = LearnedChooser(pol, f"learned {policy_label(spec)} ({getattr(pol, 'name', '?')}, "
+                                 f"hold {getattr(pol, 'hold', '?')})")
+        if ch.spec.max_batch < cfg.max_batch:
+            raise DraftGymError(f"--policy {spec} was trained for at most {ch.spec.max_batch} rows; the trace is "
+                                f"served with up to {cfg.max_batch} (use --max-batch {ch.spec.max_batch})")
+        ch.check_device()
+        out.append(ch)
+    return out
+
+
 def load_methods(cfg: ValidateConfig) -> list:
-    """The choosers, AR first (module docstring); one-line errors for bad spellings."""
+    """The choosers, AR first, each --policy last (module docstring); one-line errors for bad spellings."""
     out = [StaticChooser(S.OFF, "AR")]
     for spec in cfg.shapes:
         s = S.parse(spec)
@@ -64,10 +92,11 @@ def load_methods(cfg: ValidateConfig) -> list:
     if cfg.schedule:
         out.append(ScheduleChooser(Schedule.load(cfg.schedule), "schedule (per B)"))
     out += [ScheduleChooser(Schedule.vllm_eagle3_example(), "vLLM EAGLE-3 example"), SGLangAdaptive()]
+    out += learned_methods(cfg)
     names = [m.name for m in out]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
-        raise DraftGymError(f"--shapes: {dup} given twice")
+        raise DraftGymError(f"--shapes / --policy: {dup} given twice")
     return out
 
 
@@ -76,9 +105,9 @@ def check_load_config(cfg: ValidateConfig) -> np.ndarray:
     check_config(cfg)
     if cfg.batch_sizes:
         raise DraftGymError("--load-trace and --batch-sizes are two runs: the trace's load sets the batch size")
-    if cfg.policies or cfg.profile_first or cfg.profile_interleave:
-        raise DraftGymError("--load-trace runs static shapes, --schedule and the engines' rules; --policy and "
-                            "--profile-first run at batch 1 only")
+    if cfg.profile_first or cfg.profile_interleave:
+        raise DraftGymError("--load-trace runs static shapes, --schedule, the engines' rules and load-aware "
+                            "--policy checkpoints; --profile-first runs at batch 1 only")
     if cfg.max_batch < 1:
         raise DraftGymError(f"--max-batch must be >= 1, got {cfg.max_batch}")
     load_methods(cfg)

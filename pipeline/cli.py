@@ -248,6 +248,9 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-sizes", default="1",
                    help="comma-separated batch sizes B: draft_step, verify and policy rows at each B > 1 too "
                         "(batch 1 is always profiled), e.g. 1,2,4,8,16")
+    p.add_argument("--prefill-lengths", default="64,256,1024",
+                   help="comma-separated prompt lengths n to time one request's prefill at (the load replay "
+                        "charges it when a request joins; cover your longest prompts), or 'none'")
     add_device_dtype(p)
     p.add_argument("--out", default="data/logs", help="logs root: the profile goes to OUT/latency/")
     add_json(p, "print the summary as one JSON object")
@@ -261,7 +264,9 @@ def _profile_config(args):
     return config_from_args(ProfileConfig, args, widths=parse_positive_ints(args.widths, "--widths"),
                             verify_sizes=parse_positive_ints(args.verify_sizes, "--verify-sizes"),
                             contexts=parse_positive_ints(args.contexts, "--contexts"),
-                            batch_sizes=parse_positive_ints(args.batch_sizes, "--batch-sizes"))
+                            batch_sizes=parse_positive_ints(args.batch_sizes, "--batch-sizes"),
+                            prefill_lengths=() if args.prefill_lengths.strip().lower() == "none"
+                            else parse_positive_ints(args.prefill_lengths, "--prefill-lengths"))
 
 
 def add_query(sub: argparse._SubParsersAction) -> None:

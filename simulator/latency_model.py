@@ -7,6 +7,9 @@ Ops (pipeline/logs/schema.py LATENCY rows, batch 1):
     policy:<k>  one call of the checkpoint with latency key k, measured in the engine (optional;
                 `draftgym profile-policy`); replaces t_policy for that checkpoint
     overhead    per-cycle bookkeeping outside the three above             t_overhead(c)
+    prefill     one request's prefill over its n prompt tokens (the target forward with hidden
+                states, the head's fusion and its forward over n - 1 entries), batch 1 as the
+                engines run it; the row's context_len column holds n    t_prefill(n)
 
 Cycle time (what the env charges; docs/design.md, "Vocabulary"):
 
@@ -36,6 +39,19 @@ today, flat in B). The serving step at B:
 with off = (0, -, 1), the AR step at B (t_ar), and a chain = (D, 1, D + 1). A profile with batch-1
 rows only answers B > 1 with a one-line DataError instead of charging batch-1 costs.
 
+The context c of a step over rows of different contexts c_r (`step_context`): the profile times B
+rows at one context each, so what c stands for depends on the engine's attention. DraftGym's batched
+engine keeps one KV slot per row and every row attends over the span of the longest (padding masked
+out, not skipped: pipeline/decode/batch_engine.py), so a step costs what B rows at max_r c_r cost:
+`batch_context = "max"`. A paged engine (SGLang, vLLM) reads each row's own pages, so the attention
+work is sum_r c_r = B mean_r c_r: `batch_context = "mean"`, what an imported SGLang profile sets
+(simulator/serving/sglang_import.py). At B = 1 both are the row's own context.
+
+Prefill (`t_prefill`): interpolated in n between the profiled lengths, and beyond the longest,
+proportional to n (a prefill's cost grows at least linearly; flat would make long prompts free).
+A profile without prefill rows (older profiles, imported ones) has `has_prefill` False, and the
+load replay then charges no prefill and says so.
+
 RADAR's time model (RADAR, arXiv:2512.14069, Eq. 6):  T_gen(t) = T0 + Tf t + Teye (t+1)   (t < t_max; Teye t at t_max)
 with t draft calls. Mapped onto ours at context c, width W, verify size V:
     T0   = t_verify(V, c) + t_overhead(c)     fixed per-cycle cost (verify + bookkeeping)
@@ -58,7 +74,8 @@ from simulator import latency_diagnostics
 from simulator.latency_batch import BATCH_INTERP, interp_batch
 from simulator.latency_surface import Z90, Surface, surface_of, two_piece
 
-OPS = ("draft_step", "verify", "policy", "overhead")
+OPS = ("draft_step", "verify", "policy", "overhead", "prefill")
+BATCH_CONTEXT = ("max", "mean")
 X_KEY = {"draft_step": "width", "verify": "verify_size", "overhead": None}   # each op's x column (None: x = 0)
 
 
@@ -90,6 +107,32 @@ class LatencyModel:
     batched: dict = field(default_factory=dict)       # op (draft_step | verify | overhead) -> {B: Surface}, B > 1
     policy_by_batch: dict = field(default_factory=dict)  # B -> (seconds, p10, p90) of the policy op over B rows, B > 1
     batch_interp: str = "linear"                      # in B: "linear" | "log" (simulator.latency_batch)
+    prefill: Surface | None = None                    # x = 0, c = prompt tokens n; None: not profiled
+    batch_context: str = "max"                        # a step's c over its rows: "max" | "mean" (module docstring)
+
+    # ---- what a step over rows of different contexts costs, and the prefill
+    def step_context(self, context_len, mask=None) -> np.ndarray:
+        """The context c a batched step is charged at, over its rows' contexts along the last axis
+        (module docstring): the longest row's for DraftGym's engine, the mean for a paged engine.
+        mask (same shape, bool): the active rows; the others are ignored (each batch needs one)."""
+        c = np.asarray(context_len, np.float64)
+        m = np.ones(c.shape, bool) if mask is None else np.asarray(mask, bool)
+        if self.batch_context == "max":
+            return np.where(m, c, -np.inf).max(-1)
+        return np.where(m, c, 0.0).sum(-1) / m.sum(-1)
+
+    @property
+    def has_prefill(self) -> bool:
+        return self.prefill is not None
+
+    def t_prefill(self, n_tokens) -> np.ndarray:
+        """Seconds to prefill prompts of n tokens, one at a time (0 when the profile has no prefill rows)."""
+        n = np.asarray(n_tokens, np.float64)
+        if self.prefill is None:
+            return np.zeros_like(n)
+        top = float(self.prefill.levels[-1])
+        t = self.prefill(np.zeros_like(n), np.minimum(n, top))
+        return np.where(n > top, t * n / top, t)
 
     # ---- batch size B
     @property
@@ -207,7 +250,8 @@ class LatencyModel:
         return LatencyModel(sc(self.draft), sc(self.verify), sc(self.overhead), self.policy_s, self.policy_spread,
                             {**self.meta, "speed_factor": float(factor)}, dict(self.policy_costs),
                             {op: {B: sc(surf) for B, surf in lv.items()} for op, lv in self.batched.items()},
-                            dict(self.policy_by_batch), self.batch_interp)
+                            dict(self.policy_by_batch), self.batch_interp,
+                            sc(self.prefill) if self.prefill is not None else None, self.batch_context)
 
     # ---- constructors
     @classmethod
@@ -281,11 +325,15 @@ class LatencyModel:
                   if pol and policy_s > 0 else (1.0, 1.0))
         costs = {r["op"].removeprefix("policy:"): float(r[point]) for r in rows if r["op"].startswith("policy:")}
         batched, policy_by_batch = batch_levels([r for r in wide if r["profile_id"] == profile], point)
+        prefill = surface_of(by["prefill"], None, point) if by["prefill"] else None
+        batch_context = "mean" if rows[0].get("device_type") == "sglang" else "max"   # paged vs slot attention
         meta = {"profile_id": profile, "device": rows[0].get("device"), "model_id": rows[0].get("model_id"),
                 "dtype": rows[0].get("dtype"), "n_rows": len(rows), "has_overhead": bool(by["overhead"]),
-                "has_policy": bool(pol), "note": note, "point": point,
+                "has_policy": bool(pol), "note": note, "point": point, "has_prefill": prefill is not None,
+                "batch_context": batch_context,
                 "batch_sizes": sorted({1, *policy_by_batch, *(B for lv in batched.values() for B in lv)})}
-        return cls(draft, verify, overhead, policy_s, spread, meta, costs, batched, policy_by_batch, batch_interp)
+        return cls(draft, verify, overhead, policy_s, spread, meta, costs, batched, policy_by_batch, batch_interp,
+                   prefill, batch_context)
 
     @classmethod
     def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None,

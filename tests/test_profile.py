@@ -11,14 +11,15 @@ from pipeline.logs.schema import read_table, table_files
 
 def test_profile_tiny(tmp_path, tiny_model_dir, capsys):
     rc = cli(["profile", "--model", str(tiny_model_dir), "--head", "random", "--widths", "2,4",
-              "--verify-sizes", "1,8,32", "--contexts", "16,64", "--repeats", "2", "--out", str(tmp_path), "--json"])
+              "--verify-sizes", "1,8,32", "--contexts", "16,64", "--repeats", "2", "--prefill-lengths", "8,32", "--out", str(tmp_path), "--json"])
     assert rc == 0
     info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     files = table_files(tmp_path, "latency")
-    assert len(files) == 1 and info["rows"] == 2 * 2 + 3 * 2 + 2
+    assert len(files) == 1 and info["rows"] == 2 * 2 + 3 * 2 + 2 + 2
     t = read_table(files[0], "latency").to_pylist()
     ops = {r["op"] for r in t}
-    assert ops == {"draft_step", "verify", "policy", "overhead"}
+    assert ops == {"draft_step", "verify", "policy", "overhead", "prefill"}
+    assert {r["context_len"] for r in t if r["op"] == "prefill"} == {8, 32}
     for r in t:
         assert r["p10"] <= r["median"] <= r["p90"] and r["n"] >= 1 and r["device"].startswith("cpu")
     assert {(r["verify_size"], r["context_len"]) for r in t if r["op"] == "verify"} == \
@@ -31,7 +32,7 @@ def test_profile_batch_sizes(tmp_path, tiny_model_dir, capsys):
     from simulator.latency_model import LatencyModel
 
     rc = cli(["profile", "--model", str(tiny_model_dir), "--head", "random", "--widths", "2", "--verify-sizes", "1,4",
-              "--contexts", "16", "--repeats", "2", "--cycle-tokens", "8", "--batch-sizes", "1,2", "--out", str(tmp_path), "--json", "--no-progress"])
+              "--contexts", "16", "--repeats", "2", "--cycle-tokens", "8", "--batch-sizes", "1,2", "--prefill-lengths", "none", "--out", str(tmp_path), "--json", "--no-progress"])
     assert rc == 0
     t = read_table(table_files(tmp_path, "latency")[0], "latency").to_pylist()
     cells = {(r["op"], r["width"], r["verify_size"], r["context_len"], r["batch"]) for r in t}

@@ -135,7 +135,7 @@ def test_the_load_replay_holds_each_decision(logs, lat):
 
     class Recording(LearnedChooser):
         def choose(self, view):
-            self.contexts.append(float(view.context_len.mean()))
+            self.contexts.append(float(lat.step_context(view.context_len)))
             return super().choose(view)
 
     spec = O.make_spec(logs, 4, confidence_depth=1)

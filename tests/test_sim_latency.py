@@ -21,6 +21,8 @@ def test_exact_at_measured_points(syn_root):
             assert lat.t_verify(r["verify_size"], r["context_len"]) == pytest.approx(r["mean"], rel=1e-12)
         elif r["op"] == "overhead":
             assert lat.t_overhead(r["context_len"]) == pytest.approx(r["mean"], rel=1e-12)
+        elif r["op"] == "prefill":
+            assert lat.t_prefill(r["context_len"]) == pytest.approx(r["mean"], rel=1e-12)
         else:
             assert lat.t_policy() == pytest.approx(r["mean"])
     med = LatencyModel.from_logs(syn_root, point="median")       # the median is available too

@@ -20,7 +20,7 @@ and in a `schema_version` column; readers refuse other versions with a one-line 
     entropy     [max_depth * W] float32: per depth, the entropy (nats) of each expanded beam's child
                 distribution (d = 1: the root's, slot 0, rest NaN)
     accept_dist [max_depth * (max_depth + 1)] float32, T > 0 only: P(L = l) for the tree (D, W, V_dist)
-- latency: one row per measured op (draft_step, verify, policy, overhead) and parameters.
+- latency: one row per measured op (draft_step, verify, policy, overhead, prefill) and parameters.
 - cycles: one row per online verify cycle (written by `online/`), comparable row for row with replay.
 - batch_steps: one row per serving step of a batched run (B rows, one shape for the step): the shape,
   each active row's L (list column) and the step's timed phases (`write_batch_steps`).

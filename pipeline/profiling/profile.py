@@ -7,6 +7,8 @@ Ops (docs/design.md, "The latency model"):
   policy      one forward of a small MLP policy at batch 1 (LTD-sized); learned policies add their own
               rows with `draftgym profile-policy`
   overhead    per-cycle engine cost outside draft/verify/controller, from real static-default cycles
+  prefill     one request's prefill over n prompt tokens (context_len = n), batch 1 as the engines
+              prefill a joining request; timed in a loop (timed_ops.prefill_op), per `--prefill-lengths`
 Every row has `batch` = 1 (one sequence decoding). `--batch-sizes 1,2,4,8,16` adds draft_step, verify
 and policy rows at each B > 1: the serving step's ops over B rows, sampled by stand-in steps
 (pipeline.profiling.batched; batch 1 is always the in-situ profile below).
@@ -35,12 +37,13 @@ from tqdm import tqdm
 
 from pipeline.errors import DraftGymError
 from pipeline.profiling.batched import batched_rows
-from pipeline.profiling.timed_ops import depth_for, draft_op, policy_op, stats_of, time_op, verify_op
+from pipeline.profiling.timed_ops import depth_for, draft_op, policy_op, prefill_op, stats_of, time_op, verify_op
 from pipeline.logs.schema import LATENCY, SCHEMA_VERSION, partition_dir, write_atomic
 
 DEFAULT_VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 60, 100, 160, 240)
 DEFAULT_CONTEXTS = (32, 128, 512)
 DEFAULT_BATCH_SIZES = (1,)
+DEFAULT_PREFILL_LENGTHS = (64, 256, 1024)
 
 
 def measure_overhead(engine, tokenizer, n_tokens: int = 48) -> list[float]:
@@ -96,7 +99,8 @@ def context_prompt(tokenizer, n: int, variant: int = 0) -> list[int]:
 def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                 contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, device: str | None = None,
                 dtype: str | None = None, progress: bool = True, isolated: bool = False,
-                cycle_tokens: int = 24, batch_sizes=DEFAULT_BATCH_SIZES) -> dict:
+                cycle_tokens: int = 24, batch_sizes=DEFAULT_BATCH_SIZES,
+                prefill_lengths=DEFAULT_PREFILL_LENGTHS) -> dict:
     """Load the target and head, then `profile_engine`."""
     from pipeline.decode.engine import Engine
     from pipeline.decode.head import load_head_for
@@ -107,15 +111,16 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     engine = Engine(target.model, head, target.eos_token_ids)
     return profile_engine(engine, target.tokenizer, model, out, widths=widths, verify_sizes=verify_sizes,
                           contexts=contexts, repeats=repeats, warmup=warmup, progress=progress, isolated=isolated,
-                          cycle_tokens=cycle_tokens, batch_sizes=batch_sizes)
+                          cycle_tokens=cycle_tokens, batch_sizes=batch_sizes, prefill_lengths=prefill_lengths)
 
 
 def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                    contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, progress: bool = True,
-                   isolated: bool = False, cycle_tokens: int = 24, batch_sizes=DEFAULT_BATCH_SIZES) -> dict:
+                   isolated: bool = False, cycle_tokens: int = 24, batch_sizes=DEFAULT_BATCH_SIZES,
+                   prefill_lengths=DEFAULT_PREFILL_LENGTHS) -> dict:
     """Profile a loaded engine (its target and head) into a new `latency` file under `out`: one
     round of `InSituSampler` (plus the isolated ops if asked, and the batched ops at every batch
-    size B > 1 of `batch_sizes`; batch 1 is always profiled)."""
+    size B > 1 of `batch_sizes`, and the prefill at each of `prefill_lengths`; batch 1 is always profiled)."""
     sampler = InSituSampler(engine, tokenizer, model, widths=widths, verify_sizes=verify_sizes, contexts=contexts,
                             repeats=repeats, cycle_tokens=cycle_tokens)
     if isolated:
@@ -126,6 +131,11 @@ def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify
     for B in sorted({int(b) for b in batch_sizes} - {1}):                  # batch 1: the in-situ round above
         sampler.extra += batched_rows(engine, B, widths, verify_sizes, sampler.contexts, repeats=repeats,
                                       progress=progress)
+    max_n = engine.model.config.max_position_embeddings - 1
+    for n in tqdm(sorted({int(n) for n in prefill_lengths if int(n) <= max_n}), desc="profile (prefill)",
+                  unit="length", disable=not progress):
+        stats = time_op(prefill_op(engine.model, engine.head, n), engine.device, warmup=1, repeats=repeats)
+        sampler.extra.append(("prefill", stats, 0, 0, n, 1))
     return sampler.write(out)
 
 
@@ -255,6 +265,7 @@ class ProfileConfig:
     cycle_tokens: int = 24                        # in situ: new tokens per profiling generation
     isolated: bool = False                        # also time the bare ops in a tight loop (verify_isolated / draft_isolated)
     batch_sizes: tuple = DEFAULT_BATCH_SIZES      # batch sizes B of the draft_step / verify / policy rows (1 always)
+    prefill_lengths: tuple = DEFAULT_PREFILL_LENGTHS  # prompt lengths n of the prefill rows (() = none)
     device: str | None = None                     # None: cuda if present, else cpu
     dtype: str | None = None                      # None: the device's default (pipeline.decode.target.resolve_dtype_name)
     out: str = "data/logs"                        # logs root: the profile goes to OUT/latency/
@@ -269,6 +280,6 @@ def run_profile_command(cfg: ProfileConfig) -> int:
     r = run_profile(cfg.model, cfg.head, cfg.out, widths=cfg.widths, verify_sizes=cfg.verify_sizes,
                     contexts=cfg.contexts, repeats=cfg.repeats, device=cfg.device, dtype=cfg.dtype,
                     isolated=cfg.isolated, cycle_tokens=cfg.cycle_tokens, progress=cfg.progress,
-                    batch_sizes=cfg.batch_sizes)
+                    batch_sizes=cfg.batch_sizes, prefill_lengths=cfg.prefill_lengths)
     print(json.dumps(r) if cfg.as_json else f"profiled {r['rows']} ops on {r['device']} -> {r['path']}")
     return 0

@@ -153,6 +153,26 @@ def draft_op(head: Eagle3Head, W: int, context_len: int, tree_entries: int = 0, 
     return run
 
 
+@torch.inference_mode()
+def prefill_op(model, head: Eagle3Head, n: int) -> Callable[[], None]:
+    """A closure running one request's prefill as the engines do (Engine.generate, the batched
+    engine's _fill): the target forward over n prompt tokens with hidden states, on a fresh cache,
+    the head's fusion of the n feature vectors and its forward over entries 0 .. n - 2."""
+    from transformers import DynamicCache
+
+    dev = next(model.parameters()).device
+    ids = torch.randint(0, model.config.vocab_size, (1, n), device=dev)                 # [1, n]
+    pos = torch.arange(n, device=dev)
+
+    def run():
+        with torch.inference_mode():
+            _, hs = target_forward(model, ids, pos[None], DynamicCache(config=model.config), hidden_states=True)
+            feats = head.fuse(hs)                                                         # [1, n, H]
+            if n > 1:
+                head(ids[:, 1:], feats[:, : n - 1], pos[: n - 1], logits=False)
+    return run
+
+
 def policy_op(obs_dim: int = 102, hidden: int = 64, device="cpu", batch: int = 1) -> Callable[[], None]:
     """A stand-in policy of LTD's size (obs -> 64 -> 64 -> 2, tanh) over `batch` observations [B, obs]."""
     net = torch.nn.Sequential(torch.nn.Linear(obs_dim, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),

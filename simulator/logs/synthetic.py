@@ -123,9 +123,10 @@ def latency_rows(model: str, profile: str = "cpu", widths=(8, 10, 12, 16, 20, 32
 
     cpu: verify(V, c, B) = 0.040 + 1.6e-3 BV + 8e-7 BV^2 + 1.5e-5 Bc  (B=1: 42 ms at V=1, ~140 ms at 60, ~470 ms at 240)
          draft(W, c, B)  = 3.5e-3 + 2.5e-4 BW + 3e-6 Bc                (~6 ms at W=10)
-         overhead        = 3e-3 + 1e-6 c,  policy(B) = 4e-4 (1 + 0.02 (B-1))
+         overhead        = 3e-3 + 1e-6 c,  policy(B) = 4e-4 (1 + 0.02 (B-1)),  prefill(n) = 0.040 + 4e-4 n
     gpu: verify(V, c, B) = 0.022 + 2e-5 BV + 6e-5 max(0, BV-128) + 2e-6 Bc
          draft(W, c, B)  = 2.4e-3 + 1e-5 BW + 5e-7 Bc,  overhead = 1.5e-3 + 2e-7 c,  policy(B) = 2e-4 (1 + 0.02 (B-1))
+         prefill(n)      = 0.020 + 2e-5 n   (one request's prompt of n tokens, at the context levels)
 
     In B: a fixed cost (the weights read once per forward, whatever B) plus work per token (B V or
     B W rows) and per row's context (its own KV); so the 'gpu' AR step (V = 1) is nearly flat in B
@@ -137,11 +138,13 @@ def latency_rows(model: str, profile: str = "cpu", widths=(8, 10, 12, 16, 20, 32
         fd = lambda W, c, B=1: 3.5e-3 + 2.5e-4 * (B * W) + 3e-6 * B * c
         fo = lambda c: 3e-3 + 1e-6 * c
         fp = 4e-4
+        fpf = lambda n: 0.040 + 4e-4 * n
     elif profile == "gpu":
         fv = lambda V, c, B=1: 0.022 + 2e-5 * (B * V) + 6e-5 * max(0, B * V - 128) + 2e-6 * B * c
         fd = lambda W, c, B=1: 2.4e-3 + 1e-5 * (B * W) + 5e-7 * B * c
         fo = lambda c: 1.5e-3 + 2e-7 * c
         fp = 2e-4
+        fpf = lambda n: 0.020 + 2e-5 * n
     else:
         raise ValueError(f"unknown latency profile {profile!r} (cpu | gpu)")
     pid = profile_id or f"synthetic-{profile}"
@@ -157,6 +160,7 @@ def latency_rows(model: str, profile: str = "cpu", widths=(8, 10, 12, 16, 20, 32
         rows += [row("draft_step", fd(W, c), W=W, c=c) for W in widths]
         rows += [row("verify", fv(V, c), V=V, c=c) for V in verify_grid]
         rows.append(row("overhead", fo(c), c=c))
+        rows.append(row("prefill", fpf(c), c=c))
     rows.append(row("policy", fp))
     for B in sorted({int(b) for b in batches} - {1}):
         for c in contexts:

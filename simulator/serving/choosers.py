@@ -1,9 +1,10 @@
 """Step choosers: who picks the one shape of a serving step (simulator/serving/load.py calls them).
 
 A chooser sees, before each step, a `StepView` of the batch (B, the rows' log rows, contexts and
-tokens left, the queue) and returns an index into the replay's `ShapeTable`; after the step it is
-told every row's L (SGLang's adaptive rule learns from it). A chooser whose decision costs time
-(a learned policy: simulator/serving/learned.py) says how much in `extra_time`. Choosers here:
+tokens left, the queue; on the device also the rows' measured draft confidences) and returns an
+index into the replay's `ShapeTable`; after the step it is told every row's L (SGLang's adaptive
+rule learns from it). A chooser whose decision costs time (a learned policy:
+simulator/serving/learned.py) says how much in `extra_time`. Choosers here:
 
     StaticChooser     one shape for every step (AR is the static "off")
     ScheduleChooser   the shape of the schedule's range holding B (a per-B schedule, vLLM's example)
@@ -36,6 +37,9 @@ class StepView:
     requests: np.ndarray         # [B] request ids
     time: float                  # s, at the start of the step
     queued: int                  # requests arrived and waiting for a slot
+    confidence: np.ndarray | None = None   # [B, k] draft log-probs s_r(1..k) the engine measured (on the
+                                           # device, k = 1: online/chooser_adapter.py; observations.step_obs
+                                           # cleans them); None in the replay, which reads the logs' rows
 
 
 class Chooser:
@@ -102,5 +106,5 @@ class GreedyOracle(Chooser):
         a = np.repeat(np.arange(A), B)
         L = self.table.accepted(np.tile(view.rows, A), a).reshape(A, B)
         tokens = np.minimum(L + 1, view.left[None, :]).sum(1)                          # [A]
-        dt = self.table.step_time(self.latency, np.arange(A), B, view.context_len.mean())
+        dt = self.table.step_time(self.latency, np.arange(A), B, self.latency.step_context(view.context_len))
         return int(np.argmax(tokens / dt))

@@ -14,10 +14,12 @@ serving step, replay.ShapeTable's acceptance and step time):
               busy time, as in metrics.throughput)
     action    a in 0..A-1: the shape of the next `hold` = N steps (engines switch between prepared
               CUDA-graph states; Re-SpS holds its action too); one env step = one decision = N steps
-    cost      every step t(s, B, c) at the rows' mean context; the decision's step also pays the
-              observation's probe forwards and one policy call (observations.decision_cost)
+    cost      every step t(s, B, c) at the batch's step context (LatencyModel.step_context); the decision's step also pays the
+              observation's probe forwards and one policy call (observations.decision_cost); a
+              request joining pays its prefill on the server's clock (t_prefill, as load.py), which
+              moves the arrivals and the queue but not the reward's busy time
 
-Reward (`objective`), over the N held steps, with B_0 and c_0 the batch and mean context at the
+Reward (`objective`), over the N held steps, with B_0 and c_0 the batch and step context at the
 decision and rho_AR = B_0 / t_AR(c_0, B_0) AR's throughput there (action-independent, so it only
 rescales a state's rewards: high-load states do not drown the low-load ones):
 
@@ -144,6 +146,8 @@ class LoadEnv:
         if take.any():
             self.seq[take] = self.rng.integers(0, self.logs.n_sequences, int(take.sum()))
             self.pos[take] = 0
+            n_prompt = self.logs.context_len[self.logs.offsets[self.seq]]            # [n, M]
+            self.t += np.where(take, self.latency.t_prefill(n_prompt), 0.0).sum(1)  # prefills, one by one
             self.active |= take
             self.queued -= take.sum(1)
 
@@ -180,7 +184,7 @@ class LoadEnv:
                 self._boundary()
             rows, act = self.rows(), self.active
             B = act.sum(1)
-            c = np.where(act, self.logs.context_len[rows], 0).sum(1) / B
+            c = self.latency.step_context(self.logs.context_len[rows], act)
             L = np.zeros(act.shape, np.int64)
             L[act] = tab.accepted(rows[act], np.broadcast_to(a[:, None], act.shape)[act])
             e = np.where(act, np.minimum(L + 1, self.target[self.seq] - self.pos), 0)

@@ -8,6 +8,14 @@ uses), asks the policy for a shape, and holds it; between decisions it keeps wha
 keep: the accept-length EMA and the previous shape. A decision step also costs the observation's
 probe forwards and one policy call (observations.decision_cost, charged through `extra_time`), as in
 the env.
+
+The same chooser steers the batched engine on the device (online/chooser_adapter.py, `draftgym
+validate --load-trace --policy DIR`). There are no log rows there: the engine measures the
+confidences itself, each root's depth-1 top draft log-prob from the pending draft forward, and hands
+them over in the StepView (`view.confidence`, [B, 1]) on the steps where `needs_confidence` says the
+next `choose` decides. That is s_r(1) exactly (observations.py), so a policy whose observation reads
+at most depth 1 sees the same function of the same quantities on both sides; a deeper one is refused
+on the device in one line (`check_device`).
 """
 from __future__ import annotations
 
@@ -40,13 +48,35 @@ class LearnedChooser(Chooser):
         self.decisions = 0
         self.policy.reset(1)
 
+    def check_device(self) -> None:
+        """Refuse, in one line, an observation the batched engine cannot measure: it gives each root's
+        depth-1 draft confidence only (the first draft forward), so confidence depth must be <= 1 (at
+        depth 1 the probe's width does not matter: the top-1 log-prob of the first forward is the same
+        at every width)."""
+        k = self.spec.confidence_depth
+        if k > 1:
+            raise DraftGymError(f"{self.name} observes draft confidences to depth {k}; the batched engine measures "
+                                f"depth 1 only (the roots' first draft forward), so it replays only "
+                                f"(draftgym serve-eval --policy); train it with --confidence-depth 1 to run it online")
+
+    @property
+    def needs_confidence(self) -> bool:
+        """Whether the next `choose` is a decision that reads draft confidences (the device measures
+        them only then)."""
+        return self.age >= self.policy.hold and self.spec.confidence_depth >= 1
+
     def observation(self, view) -> np.ndarray:
-        """[1, dim] the batch's observation now (observations.step_obs)."""
+        """[1, dim] the batch's observation now (observations.step_obs), from the view's measured
+        confidences when it has them (the device), else from the logs' rows (the replay)."""
         if view.batch > self.spec.max_batch:
             raise DraftGymError(f"{self.policy.name} was trained for at most {self.spec.max_batch} rows; the load "
                                 f"replay runs {view.batch} (use --max-batch {self.spec.max_batch})")
-        return O.step_obs(self.spec, self.table.logs, view.rows, view.context_len, view.queued, self.ema,
-                          self.has_ema, self.prev_depth, self.prev_verify)
+        logs = getattr(self.table, "logs", None)
+        if view.confidence is None and logs is None and self.spec.confidence_depth:
+            raise DraftGymError(f"{self.name}: no draft confidences for this step and no logs to read them from "
+                                f"(the batched engine measures them only with an EAGLE-3 head)")
+        return O.step_obs(self.spec, logs, view.rows, view.context_len, view.queued, self.ema,
+                          self.has_ema, self.prev_depth, self.prev_verify, conf=view.confidence)
 
     def choose(self, view):
         self.decided = self.age >= self.policy.hold
@@ -62,7 +92,7 @@ class LearnedChooser(Chooser):
             return 0.0
         t = self.table
         return float(O.decision_cost(self.spec, self.latency, t.depth[a], t.width[a], view.batch,
-                                     view.context_len.mean()))
+                                     self.latency.step_context(view.context_len)))
 
     def observe(self, view, a, accepted):
         ema, has = O.ema_update(self.spec, self.ema, self.has_ema, self.table.depth[a] > 0, float(np.mean(accepted)))

@@ -4,11 +4,14 @@
 Event loop (one iteration = one step boundary at time t):
 
     1. admit: queued requests that have arrived (arrival <= t) take the free slots, first come first
-       served; a request's join time is t.
+       served; each is prefilled alone before the next step (as the engines do: a batch-1 prefill
+       of its n prompt tokens, t += t_prefill(n), when the profile has prefill rows), and requests
+       arriving meanwhile join at the same boundary; a request's join time is when its prefill starts.
     2. if no row is active, jump t to the next arrival and admit again.
     3. the chooser picks one shape s for the B active rows (choosers.py); each row r takes its logged
        L_r(s), emits e_r = min(L_r + 1, left_r), advances by L_r + 1; the step costs
-       t(s, B, mean context) (+ the chooser's own cost, Chooser.extra_time) and t += t(s, B, c).
+       t(s, B, c) at the batch's step context c (LatencyModel.step_context) (+ the chooser's own
+       cost, Chooser.extra_time) and t += t(s, B, c).
     4. rows that are done leave (finish time t); their slots are free at the next boundary.
 
 So the batch size moves with the load: a few rows at low arrival rates, up to max_batch when the
@@ -48,12 +51,14 @@ class ServingResult:
     step_emitted: np.ndarray     # [N] tokens emitted by the whole batch
     step_drafted: np.ndarray     # [N] draft tokens verified by the whole batch, B (V - 1)
     step_queued: np.ndarray      # [N] requests waiting at the step's start
+    prefill: np.ndarray | None = None  # [R] s of each request's prefill (0 without prefill rows)
     row_trace: dict | None = None  # per row-step: request, shape, accepted, emitted (trace=True)
 
 
 def serve(logs, latency, table: ShapeTable, chooser: Chooser, arrivals, max_batch: int,
-          request_seq=None, trace: bool = False, max_steps: int | None = None) -> ServingResult:
-    """Replay requests arriving at `arrivals` ([R] s, non-decreasing) under `chooser` (module docstring)."""
+          request_seq=None, trace: bool = False, max_steps: int | None = None, prefill: bool = True) -> ServingResult:
+    """Replay requests arriving at `arrivals` ([R] s, non-decreasing) under `chooser` (module docstring).
+    prefill=False leaves the prefills out even when the profile has them."""
     arrivals = np.asarray(arrivals, np.float64)
     R = len(arrivals)
     if R == 0:
@@ -64,6 +69,8 @@ def serve(logs, latency, table: ShapeTable, chooser: Chooser, arrivals, max_batc
         raise DataError(f"max_batch must be >= 1, got {max_batch}")
     seq_of = request_sequences(logs, R) if request_seq is None else np.asarray(request_seq, np.int64)
     target = (logs.new_tokens - 1)[seq_of]                          # [R] tokens each request emits
+    n_prompt = logs.context_len[logs.offsets[seq_of]]               # [R] prompt tokens (the first root's context)
+    pf = latency.t_prefill(n_prompt) if prefill else np.zeros(R)    # [R] s of each prefill
     slot_req = np.full(max_batch, -1, np.int64)                     # request in each slot (-1 free)
     slot_p = np.zeros(max_batch, np.int64)                          # its root position
     join, finish = np.full(R, np.nan), np.full(R, np.nan)
@@ -73,12 +80,16 @@ def serve(logs, latency, table: ShapeTable, chooser: Chooser, arrivals, max_batc
     chooser.reset(table, latency)
     t, q = 0.0, 0                                                   # clock; next request to admit
     while q < R or (slot_req >= 0).any():
-        arrived = int(np.searchsorted(arrivals, t, side="right"))
-        free = np.flatnonzero(slot_req < 0)
-        k = min(len(free), arrived - q)
-        if k > 0:                                                   # 1. admit, first come first served
-            slot_req[free[:k]], slot_p[free[:k]] = np.arange(q, q + k), 0
-            join[q:q + k] = t
+        while True:                                                 # 1. admit, first come first served
+            arrived = int(np.searchsorted(arrivals, t, side="right"))
+            free = np.flatnonzero(slot_req < 0)
+            k = min(len(free), arrived - q)
+            if k <= 0:
+                break
+            new = np.arange(q, q + k)
+            slot_req[free[:k]], slot_p[free[:k]] = new, 0
+            join[new] = t + np.concatenate([[0.0], np.cumsum(pf[new])[:-1]])     # one prefill after another
+            t += float(pf[new].sum())
             q += k
         act = np.flatnonzero(slot_req >= 0)
         if not len(act):                                            # 2. idle until the next arrival
@@ -91,7 +102,7 @@ def serve(logs, latency, table: ShapeTable, chooser: Chooser, arrivals, max_batc
                         requests=req, time=t, queued=arrived - q)
         a = int(chooser.choose(view))                               # 3. one shape for the step
         L = table.accepted(rows, a)
-        dt = float(table.step_time(latency, a, B, view.context_len.mean())) + chooser.extra_time(view, a)
+        dt = float(table.step_time(latency, a, B, latency.step_context(view.context_len))) + chooser.extra_time(view, a)
         e = np.minimum(L + 1, view.left)
         tokens[req] += e
         cycles[req] += 1
@@ -116,4 +127,5 @@ def serve(logs, latency, table: ShapeTable, chooser: Chooser, arrivals, max_batc
                          step_time=arr("time", np.float64), step_batch=arr("batch", np.int64),
                          step_shape=arr("shape", np.int64), step_emitted=arr("emitted", np.int64),
                          step_drafted=arr("drafted", np.int64), step_queued=arr("queued", np.int64),
+                         prefill=np.asarray(pf, np.float64),
                          row_trace={k: np.concatenate(v) for k, v in rt.items()} if rt is not None else None)

@@ -10,8 +10,12 @@
     drafts/step    draft tokens verified per row-step, V - 1 averaged (0 for an AR step)
     mean batch     row-steps / steps
 
-e_r = min(L_r + 1, tokens left) is what row r emits in a step. The prefill is not modelled: a
-request's tokens are the T - 1 its logged sequence emits in decode cycles.
+    prefill share  the requests' prefill seconds over the makespan
+
+e_r = min(L_r + 1, tokens left) is what row r emits in a step. A request's tokens are the T - 1 its
+logged sequence emits in decode steps (the prefill's first token is not counted, on either side);
+its prefill, when the profile has one (load.py), delays the steps after it, so it counts in the
+wall rate, TPOT and queue times but not in the busy time of the throughput.
 """
 from __future__ import annotations
 
@@ -59,6 +63,9 @@ def summarize(res, tpot_target: float | None = None) -> dict:
            "tpot_p90_s": float(np.nanpercentile(tp, 90)) if len(tp) else float("nan"),
            "queue_mean_s": float(q.mean()) if len(q) else 0.0,
            "queue_p90_s": float(np.percentile(q, 90)) if len(q) else 0.0}
+    pf = float(np.sum(res.prefill)) if getattr(res, "prefill", None) is not None else 0.0
+    out["prefill_s"] = pf
+    out["prefill_share"] = pf / span if span > 0 else 0.0
     if tpot_target is not None:
         out["tpot_target_s"] = float(tpot_target)
         out["goodput_tokens_per_s"] = goodput(res.tokens, tp, busy, tpot_target)

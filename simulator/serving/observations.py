@@ -3,7 +3,10 @@ trains on it, simulator/serving/learned.py replays it; docs/serving.md, "Learned
 
 One vector per batch, built by ONE function (`load_obs`) from padded per-row arrays [n, M] and a mask,
 M = max_batch; the replay env passes its slot state ([n envs, M]), the load replay and a batched
-engine pass one batch ([1, M], `step_obs`), so the two are the same numbers (a test checks it).
+engine pass one batch ([1, M], `step_obs`), so the two are the same numbers (a test checks it). The
+replay reads the confidences from the logs' rows; the batched engine measures s_r(1) itself (the
+top-1 log-prob of the roots' pending draft forward: BatchStepContext.confidence), so on the device
+only k <= 1 can be observed (online/chooser_adapter.py).
 
     index  feature                                   scale            when the engine has it
     0      B / M                                     rows             before drafting (the scheduler)
@@ -122,21 +125,30 @@ def load_obs(spec: LoadObsSpec, mask, queued, context_len, conf, ema, has_ema, p
 
 
 def step_obs(spec: LoadObsSpec, logs, rows, context_len, queued: int, ema: float, has_ema: bool,
-             prev_depth: int, prev_verify: int) -> np.ndarray:
+             prev_depth: int, prev_verify: int, conf=None) -> np.ndarray:
     """One batch's observation [1, dim] from its B active rows in slot order (what the load replay's
-    StepView and a batched engine hold): padded to M and passed to `load_obs`."""
+    StepView and a batched engine hold): padded to M and passed to `load_obs`.
+
+    The confidences [B, k] are the logs' (`confidences(logs, spec, rows)`, the replay) unless `conf`
+    gives them (the device: the engine's measured s_r(1), online/chooser_adapter.py; `logs` and
+    `rows` are then read for nothing but B); either way cleaned by the same `clean_scores`."""
     rows = np.asarray(rows, np.int64)
-    B, M = len(rows), spec.max_batch
+    B, M, k = len(rows), spec.max_batch, spec.confidence_depth
     if not 1 <= B <= M:
         raise DataError(f"a batch of {B} rows does not fit max_batch {M}")
     mask = np.zeros((1, M), bool)
     mask[0, :B] = True
     ctx = np.zeros((1, M))
     ctx[0, :B] = context_len
-    conf = np.zeros((1, M, spec.confidence_depth), np.float32)
-    if spec.confidence_depth:
-        conf[0, :B] = confidences(logs, spec, rows)
-    return load_obs(spec, mask, [queued], ctx, conf, [ema], [has_ema], [prev_depth], [prev_verify])
+    c = np.zeros((1, M, k), np.float32)
+    if k and conf is None:
+        c[0, :B] = confidences(logs, spec, rows)
+    elif k:
+        given = np.asarray(conf, np.float64)
+        if given.shape != (B, k):
+            raise DataError(f"confidences of shape {given.shape} for {B} rows at depth {k}; want ({B}, {k})")
+        c[0, :B] = clean_scores(given)
+    return load_obs(spec, mask, [queued], ctx, c, [ema], [has_ema], [prev_depth], [prev_verify])
 
 
 def ema_update(spec: LoadObsSpec, ema, has_ema, drafted, mean_accepted):

@@ -8,9 +8,11 @@ takes its own logged acceptance for that shape (shapes.lookup_verify names the c
 
 emits e_r = min(L_r + 1, T_r - 1 - p_r) tokens and moves to p_r + L_r + 1; it is done once
 p_r >= T_r - 1, exactly as the batch-1 replay (simulator/replay.py). Acceptance does not depend on
-the batch; the cost does. The step is charged once for all rows, at the rows' mean context:
+the batch; the cost does. The step is charged once for all rows, at the context that stands for
+the batch (LatencyModel.step_context: the longest row's for DraftGym's engine, whose attention spans
+the longest row; the mean for a paged engine's imported profile):
 
-    t(s, B, c) = LatencyModel.t_step(D, W, V, c, batch=B),      c = mean_r context_len(row_r)
+    t(s, B, c) = LatencyModel.t_step(D, W, V, c, batch=B),      c = max_r (or mean_r) context_len(row_r)
 
 (at B = 1, c is the row's own context and t(s, 1, c) is the batch-1 replay's cycle time).
 
@@ -141,7 +143,7 @@ def closed_batch(logs, latency, table: ShapeTable, batch: int, n_requests: int |
         rows = logs.offsets[s] + pp
         a = np.repeat(idx[live], B).reshape(len(live), B)
         L = table.accepted(rows.ravel(), a.ravel()).reshape(len(live), B)
-        dt = table.step_time(latency, idx[live], B, logs.context_len[rows].mean(1))
+        dt = table.step_time(latency, idx[live], B, latency.step_context(logs.context_len[rows]))
         emitted = np.minimum(L + 1, target[s] - pp)
         tokens[live] += emitted.sum(1)
         time[live] += dt
