@@ -234,6 +234,10 @@ def add_serve_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", default=None, help="file of arrival times in s (one per line, or a JSON list) instead "
                                                  "of a sweep (default: a sweep)")
     p.add_argument("--requests-per-rate", type=int, default=32, help="requests at each rate of the sweep")
+    p.add_argument("--segment-seconds", type=float, default=None,
+                   help="instead: each rate's segment lasts about this many seconds (round(rate x S) requests), so "
+                        "the sweep spends equal time at each load; with equal requests the low rates take the "
+                        "longest (default: --requests-per-rate)")
     p.add_argument("--max-batch", type=int, default=None, help="most rows in a batch (default: the largest target batch)")
     p.add_argument("--tpot-target", type=float, default=None,
                    help="seconds per output token a request must meet to count in goodput (default: AR's median TPOT)")

@@ -92,3 +92,21 @@ def test_a_request_arriving_during_a_prefill_joins_at_the_same_boundary(logs, la
     pf0 = float(lat.t_prefill(logs.context_len[logs.offsets[0]]))
     res = serve(logs, lat, table, StaticChooser(S.OFF), [0.0, 0.5 * pf0], max_batch=2, request_seq=[0, 1])
     assert res.join[1] == pytest.approx(pf0) and res.step_batch[0] == 2
+
+
+def test_the_sweeps_rates_leave_room_for_the_prefills(logs, lat):
+    """rates_for_logs: lambda_B T t_AR(B) / B + lambda_B t_pf = 1 (Little's law with the clock's share
+    spent prefilling); without prefill rows it is the decode-only rate, and with them it is lower."""
+    from simulator.serving import arrivals as arr
+
+    tb = [1, 2, 4]
+    T, c = float(np.mean(logs.new_tokens - 1)), float(np.mean(logs.context_len))
+    t_pf = float(np.mean(lat.t_prefill(logs.context_len[logs.offsets[:-1]])))
+    assert t_pf > 0
+    lam = arr.rates_for_logs(tb, logs, lat)
+    for B, r in zip(tb, lam):
+        assert r * T * float(lat.t_ar(c, batch=B)) / B + r * t_pf == pytest.approx(1.0, rel=1e-12)
+    bare = LatencyModel.from_rows(synthetic_latency("m", "cpu", contexts=(64, 512), batches=(1, 2, 4)))
+    bare.prefill = None
+    assert np.allclose(arr.rates_for_logs(tb, logs, bare), arr.rates_for_batches(tb, T, bare, c))
+    assert (arr.rates_for_logs(tb, logs, lat) < arr.rates_for_batches(tb, T, lat, c)).all()

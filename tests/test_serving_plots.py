@@ -204,6 +204,24 @@ def test_write_trace_is_the_load_serve_eval_replays(root, tmp_path, capsys):
     assert "--target-batches 1,2,4" in f.read_text()
 
 
+def test_segment_seconds_spends_equal_time_at_each_rate(root, tmp_path, capsys):
+    """--segment-seconds S: round(rate x S) requests per rate (so each segment lasts about S), written
+    and replayed alike; the per-rate TPOT rows follow the uneven segments."""
+    f = tmp_path / "sweep.txt"
+    common = ["--logs", str(root), "--split", "all", "--target-batches", "1,2,4", "--segment-seconds", "4", "--seed", "1"]
+    assert cli(["serve-eval", *common, "--write-trace", str(f), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    counts = [max(1, round(r * 4)) for r in info["rates"]]
+    assert info["requests_per_rate"] == counts and len(set(counts)) > 1 and info["requests"] == sum(counts)
+    assert [len(x) for _, x in segments(f.read_text())] == counts
+    assert np.array_equal(arr.read_trace(f), arr.sweep(info["rates"], counts, 1))
+    rep = serve_eval(ServeEvalConfig(logs=str(root), split="all", tune_split="all", batch_sizes="1,4", shapes="chain",
+                                     target_batches="1,2,4", segment_seconds=4, seed=1, oracle=False))
+    assert rep["load"]["requests_per_rate"] == counts and all(len(r["tpot_by_rate_s"]) == 3 for r in rep["rows"])
+    with pytest.raises(DataError, match="segment seconds"):
+        arr.segment_counts([1.0], seconds=0)
+
+
 def test_write_trace_refuses_a_trace(root, tmp_path, capsys):
     f, g = tmp_path / "in.txt", tmp_path / "out.txt"
     f.write_text("0.5\n1.0\n")

@@ -2,6 +2,7 @@
 
     poisson(rate, n, seed)    exponential gaps of mean 1 / rate:  t_i = sum_{j <= i} g_j,  g_j ~ Exp(rate)
     sweep(rates, n, seed)     a load sweep: n Poisson arrivals at each rate in turn, continuing in time
+                              (n one count, or one per rate: segment_counts, e.g. equal seconds per rate)
     read_trace(path)          a file of arrival times: one number per line (blank lines and # comments
                               skipped) or one JSON list; read exactly; a bad file is a one-line DataError
     write_trace(path, ...)    the same file from times: a # header, then one time per line, written
@@ -9,11 +10,13 @@
                               same float64 values (`draftgym serve-eval --write-trace`)
     rates_for_batches(...)    the rates that would hold B rows busy under AR decoding (Little's law):
 
-        B = lambda * T * t_AR(B)   =>   lambda_B = B / (T * t_AR(c, B))
+        B = lambda * T * t_AR(B) / (1 - lambda * t_pf)   =>   lambda_B = B / (T * t_AR(c, B) + B * t_pf)
 
-    with T the mean tokens per request and t_AR(c, B) the AR step at B rows (speculation serves the
-    same rate with fewer rows busy). A sweep over lambda_1, lambda_2, lambda_4, ... moves the batch
-    size from about 1 to the largest target.
+    with T the mean tokens per request, t_AR(c, B) the AR step at B rows and t_pf the mean prefill
+    (every row waits while a joining request is prefilled, so a share lambda * t_pf of the clock
+    decodes nothing; 0 without prefill rows in the profile). Speculation serves the same rate with
+    fewer rows busy. A sweep over lambda_1, lambda_2, lambda_4, ... moves the batch size from about 1
+    to the largest target. `rates_for_logs` reads T, c and t_pf from a split's logs.
 
 Every request replays one logged sequence (the split's sequences in order, cycled: replay.request_sequences).
 """
@@ -35,11 +38,25 @@ def poisson(rate: float, n: int, seed: int = 0, start: float = 0.0) -> np.ndarra
     return start + np.cumsum(gaps)
 
 
-def sweep(rates, n_per_rate: int, seed: int = 0) -> np.ndarray:
-    """n_per_rate Poisson arrivals at each rate in turn (seed + k for the k-th segment)."""
+def segment_counts(rates, n_per_rate: int | None = None, seconds: float | None = None) -> list[int]:
+    """Requests in each rate's segment of a sweep: n_per_rate each (equal requests: the low rates
+    take the longest), or, given `seconds`, max(1, round(rate * seconds)) (equal time at each load)."""
+    if seconds is None:
+        return [int(n_per_rate)] * len(rates)
+    if not seconds > 0 or not math.isfinite(seconds):
+        raise DataError(f"segment seconds must be a positive number, got {seconds}")
+    return [max(1, int(round(float(r) * seconds))) for r in rates]
+
+
+def sweep(rates, n_per_rate, seed: int = 0) -> np.ndarray:
+    """n_per_rate Poisson arrivals at each rate in turn (an int, or one count per rate:
+    segment_counts), seed + k for the k-th segment."""
+    counts = [int(n_per_rate)] * len(rates) if np.isscalar(n_per_rate) else [int(n) for n in n_per_rate]
+    if len(counts) != len(rates):
+        raise DataError(f"{len(counts)} segment counts for {len(rates)} rates")
     out, t = [], 0.0
-    for k, r in enumerate(rates):
-        seg = poisson(float(r), n_per_rate, seed + k, start=t)
+    for k, (r, n) in enumerate(zip(rates, counts)):
+        seg = poisson(float(r), n, seed + k, start=t)
         out.append(seg)
         t = float(seg[-1]) if len(seg) else t
     return np.concatenate(out) if out else np.zeros(0)
@@ -94,8 +111,17 @@ def write_trace(path, times, header=(), segments=None) -> Path:
     return path
 
 
-def rates_for_batches(batches, mean_tokens: float, latency, context_len: float) -> np.ndarray:
+def rates_for_batches(batches, mean_tokens: float, latency, context_len: float,
+                      mean_prefill: float = 0.0) -> np.ndarray:
     """[n] requests/s that keep about B rows busy under AR decoding (module docstring)."""
     b = np.asarray(batches, np.float64)
     t_ar = np.array([float(latency.t_ar(context_len, batch=int(x))) for x in b])
-    return b / (float(mean_tokens) * t_ar)
+    return b / (float(mean_tokens) * t_ar + b * float(mean_prefill))
+
+
+def rates_for_logs(batches, logs, latency) -> np.ndarray:
+    """rates_for_batches with a split's mean tokens per request, mean context and mean prefill (the
+    prompt is the first root's context, as the load replay prefills it: load.serve)."""
+    n_prompt = logs.context_len[logs.offsets[:-1]]                                   # [S]
+    return rates_for_batches(batches, float(np.mean(logs.new_tokens - 1)), latency, float(np.mean(logs.context_len)),
+                             float(np.mean(latency.t_prefill(n_prompt))))

@@ -5,7 +5,7 @@ Each env is one server under a Poisson load, replayed exactly as `load.serve` do
 serving step, replay.ShapeTable's acceptance and step time):
 
     episode   a rate lambda drawn uniformly from `rates` (by default the rates that keep about
-              B = 1, 2, 4, 8, 16, 32 rows busy under AR: arrivals.rates_for_batches; beyond max_batch
+              B = 1, 2, 4, 8, 16, 32 rows busy under AR: arrivals.rates_for_logs; beyond max_batch
               the server is overloaded and the queue grows), so across episodes B moves from 1 to
               max_batch; the server starts warm: min(round(B_target), max_batch) rows at uniformly
               drawn (sequence, position), queue empty; `episode_decisions` decisions, then truncated
@@ -89,9 +89,8 @@ class LoadEnv:
         self.n, self.M, self.n_actions, self.obs_dim = cfg.n_envs, cfg.max_batch, len(self.table), self.spec.dim
         self.target = logs.new_tokens - 1                                    # [S] tokens a request emits
         self.conf = O.confidences(logs, self.spec) if cfg.confidence_depth else np.zeros((logs.n_positions, 0), np.float32)
-        mean_tokens, mean_ctx = float(np.mean(self.target)), float(np.mean(logs.context_len))
         tb = np.asarray(cfg.target_batches, np.float64)          # beyond max_batch: the queue overloads
-        self.rates = np.asarray(rates if rates is not None else arr.rates_for_batches(tb, mean_tokens, latency, mean_ctx))
+        self.rates = np.asarray(rates if rates is not None else arr.rates_for_logs(tb, logs, latency))
         self.start_rows = np.clip(np.round(tb), 1, cfg.max_batch).astype(np.int64) if rates is None else \
             np.ones(len(self.rates), np.int64)
         n, M = self.n, self.M

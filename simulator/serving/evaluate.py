@@ -1,7 +1,7 @@
 """`draftgym serve-eval`: every way of choosing speculation under one load, in one table.
 
 The load: requests arrive by a Poisson process whose rate sweeps upwards (arrivals.sweep; the
-rates keep about B = 1, 2, 4, ... rows busy under AR, arrivals.rates_for_batches) or by a trace
+rates keep about B = 1, 2, 4, ... rows busy under AR, arrivals.rates_for_logs) or by a trace
 file; each request replays one logged sequence of the evaluated split; continuous batching up to
 --max-batch rows (load.serve). The same arrivals for every method:
 
@@ -61,6 +61,7 @@ class ServeEvalConfig:
     rates: str | None = None              # explicit comma-separated arrival rates (requests/s) instead
     trace: str | None = None              # a file of arrival times instead of a sweep
     requests_per_rate: int = 32           # requests at each rate of the sweep
+    segment_seconds: float | None = None  # instead: each rate's segment lasts this long (round(rate x s) requests)
     max_batch: int | None = None          # most rows in a batch (default: the largest target batch)
     tpot_target: float | None = None      # s per token for goodput (default: AR's median TPOT here)
     seed: int = 0                         # arrival seed
@@ -91,9 +92,17 @@ def make_arrivals(cfg: ServeEvalConfig, logs, lat) -> tuple[np.ndarray, dict]:
             raise DraftGymError(f"--rates must be comma-separated numbers, got {cfg.rates!r}") from None
     else:
         tb = parse_positive_ints(cfg.target_batches, "--target-batches")
-        rates = arr.rates_for_batches(tb, float(np.mean(logs.new_tokens - 1)), lat, float(np.mean(logs.context_len)))
-    t = arr.sweep(rates, cfg.requests_per_rate, cfg.seed)
-    return t, {"rates": [float(r) for r in rates], "requests_per_rate": cfg.requests_per_rate, "seed": cfg.seed}
+        rates = arr.rates_for_logs(tb, logs, lat)
+    counts = arr.segment_counts(rates, cfg.requests_per_rate, cfg.segment_seconds)
+    t = arr.sweep(rates, counts, cfg.seed)
+    return t, {"rates": [float(r) for r in rates], "requests_per_rate": counts, "seed": cfg.seed}
+
+
+def per_rate(counts, each: str = "each") -> str:
+    """'12 each' or '3, 6, 12 requests' (a sweep's segment sizes, for the one-line summaries)."""
+    if len(set(counts)) == 1:
+        return f"{counts[0]} {each}" if each == "each" else f"{counts[0]} requests {each}"
+    return ", ".join(map(str, counts)) + " requests"
 
 
 def write_arrivals(cfg: ServeEvalConfig) -> dict:
@@ -110,9 +119,9 @@ def write_arrivals(cfg: ServeEvalConfig) -> dict:
            f"{float(np.mean(logs.new_tokens - 1)):.1f} tokens per {cfg.split} request, latency profile "
            f"{lat.meta.get('profile_id')} on {lat.meta.get('device')})")
     header = ["draftgym serve-eval --write-trace: arrival times in s, one per line (simulator/serving/arrivals.py)",
-              f"Poisson sweep: rates {','.join(f'{r:.6g}' for r in rates)} req/s, {n} requests per rate, seed "
+              f"Poisson sweep: rates {','.join(f'{r:.6g}' for r in rates)} req/s, {per_rate(n, 'per rate')}, seed "
               f"{cfg.seed} (rate k drawn with seed {cfg.seed} + k)", f"rates from {how}"]
-    path = arr.write_trace(cfg.write_trace, t, header, [(f"rate {r:.6g} req/s", n) for r in rates])
+    path = arr.write_trace(cfg.write_trace, t, header, [(f"rate {r:.6g} req/s", k) for r, k in zip(rates, n)])
     return {"trace": str(path), "requests": int(len(t)), "span_s": float(t[-1]), **load}
 
 
@@ -183,7 +192,7 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
     for r, res in zip(rows, results):
         r["x_ar"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
         if "rates" in load:                                      # mean TPOT of the requests of each rate of the sweep
-            seg = np.arange(len(res.tokens)) // load["requests_per_rate"]
+            seg = np.repeat(np.arange(len(load["rates"])), load["requests_per_rate"])
             tp = metrics.tpot(res.join, res.finish, res.tokens)
             r["tpot_by_rate_s"] = [float(np.nanmean(tp[seg == k])) for k in range(len(load["rates"]))]
     return {"rows": rows, "load": load, "max_batch": max_batch, "tpot_target_s": target, "schedule": sched.to_json()["ranges"],
@@ -196,7 +205,7 @@ def run_serve_eval_command(cfg: ServeEvalConfig) -> int:
         info = write_arrivals(cfg)
         print(json.dumps(info) if cfg.as_json else
               f"wrote {info['requests']} arrival times over {info['span_s']:.1f} s to {info['trace']} (rates "
-              + ", ".join(f"{r:.3g}" for r in info["rates"]) + f" req/s, {info['requests_per_rate']} each, seed "
+              + ", ".join(f"{r:.3g}" for r in info["rates"]) + f" req/s, {per_rate(info['requests_per_rate'])}, seed "
               f"{info['seed']}); serve them with `draftgym validate --load-trace {info['trace']}`")
         return 0
     rep = serve_eval(cfg)
@@ -208,7 +217,7 @@ def run_serve_eval_command(cfg: ServeEvalConfig) -> int:
         return 0
     load = rep["load"]
     how = f"trace {load['trace']}" if "trace" in load else \
-        "Poisson sweep at " + ", ".join(f"{r:.2f}" for r in load["rates"]) + f" req/s ({load['requests_per_rate']} each)"
+        "Poisson sweep at " + ", ".join(f"{r:.2f}" for r in load["rates"]) + f" req/s ({per_rate(load['requests_per_rate'])})"
     print(f"load: {how}; up to {rep['max_batch']} rows; split {rep['split']}; latency {rep['latency_profile']}")
     print(f"{'method':<34} {'tok/s':>8} {'x AR':>5} {'TPOT ms':>8} {'p90':>7} {'queue ms':>8} "
           f"{'goodput':>8} {'tau':>5} {'drafts':>6} {'mean B':>6} {'max B':>5}")

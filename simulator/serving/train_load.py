@@ -142,7 +142,7 @@ def action_shapes(cfg: LoadTrainConfig, logs, schedule) -> list:
 def val_sweep(cfg: LoadTrainConfig, logs, latency) -> tuple[np.ndarray, list]:
     """Validation arrivals: a Poisson sweep at the rates keeping about target_batches busy under AR."""
     tb = parse_positive_ints(cfg.target_batches, "--target-batches")
-    rates = arr.rates_for_batches(tb, float(np.mean(logs.new_tokens - 1)), latency, float(np.mean(logs.context_len)))
+    rates = arr.rates_for_logs(tb, logs, latency)
     return arr.sweep(rates, cfg.val_requests_per_rate, cfg.seed), [float(r) for r in rates]
 
 
