@@ -31,7 +31,7 @@ val, _ = load_inputs(TuneConfig(logs=root), "val")
 cands = S.candidates(val, "all")
 sched = tune(val, lat, (1, 2, 4, 8, 16), cands)["schedule"]
 print("schedule (tuned on val):", sched.table())
-rates = arr.rates_for_batches(TB, float(np.mean(test.new_tokens - 1)), lat, float(np.mean(test.context_len)))
+rates = arr.rates_for_logs(TB, test, lat)
 rows = {}
 for r in rates:
     t = arr.poisson(r, 96, seed=0)
