@@ -25,8 +25,8 @@ Figures, on both sides from one ServingResult (simulator/serving/metrics.py defi
 throughput = step tokens / busy step time, x AR, TPOT mean and p90, time in queue, tau, drafts per
 row-step, mean and largest batch; the device also reports its wall rate (every new token, prefills
 and the first tokens included, over the makespan with idle waits skipped) and its prefill share.
-The replay does not model prefills, so the device's TPOT and queue times exceed the replay's by
-about the prefill share; throughput compares like with like (decode steps only). Error =
+The replay charges each joining request's prefill from the profile's `prefill` rows (none if it
+has none), so TPOT and queue times compare too; throughput compares decode steps only. Error =
 (replayed - device) / device. Mean +- std over --runs.
 """
 from __future__ import annotations

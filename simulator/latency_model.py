@@ -49,8 +49,8 @@ work is sum_r c_r = B mean_r c_r: `batch_context = "mean"`, what an imported SGL
 
 Prefill (`t_prefill`): interpolated in n between the profiled lengths, and beyond the longest,
 proportional to n (a prefill's cost grows at least linearly; flat would make long prompts free).
-A profile without prefill rows (older profiles, imported ones) has `has_prefill` False, and the
-load replay then charges no prefill and says so.
+A profile without prefill rows (older profiles, imported ones) has `has_prefill` False (and
+meta["has_prefill"]), and the load replay then charges no prefill.
 
 RADAR's time model (RADAR, arXiv:2512.14069, Eq. 6):  T_gen(t) = T0 + Tf t + Teye (t+1)   (t < t_max; Teye t at t_max)
 with t draft calls. Mapped onto ours at context c, width W, verify size V:
@@ -75,7 +75,6 @@ from simulator.latency_batch import BATCH_INTERP, interp_batch
 from simulator.latency_surface import Z90, Surface, surface_of, two_piece
 
 OPS = ("draft_step", "verify", "policy", "overhead", "prefill")
-BATCH_CONTEXT = ("max", "mean")
 X_KEY = {"draft_step": "width", "verify": "verify_size", "overhead": None}   # each op's x column (None: x = 0)
 
 

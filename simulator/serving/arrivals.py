@@ -120,8 +120,7 @@ def rates_for_batches(batches, mean_tokens: float, latency, context_len: float,
 
 
 def rates_for_logs(batches, logs, latency) -> np.ndarray:
-    """rates_for_batches with a split's mean tokens per request, mean context and mean prefill (the
-    prompt is the first root's context, as the load replay prefills it: load.serve)."""
-    n_prompt = logs.context_len[logs.offsets[:-1]]                                   # [S]
+    """rates_for_batches with a split's mean tokens per request, mean context and mean prefill (of
+    its prompts, as the load replay prefills them: load.serve)."""
     return rates_for_batches(batches, float(np.mean(logs.new_tokens - 1)), latency, float(np.mean(logs.context_len)),
-                             float(np.mean(latency.t_prefill(n_prompt))))
+                             float(np.mean(latency.t_prefill(logs.prompt_len))))

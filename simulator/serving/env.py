@@ -88,6 +88,7 @@ class LoadEnv:
         self.spec = O.make_spec(logs, cfg.max_batch, cfg.confidence_depth)
         self.n, self.M, self.n_actions, self.obs_dim = cfg.n_envs, cfg.max_batch, len(self.table), self.spec.dim
         self.target = logs.new_tokens - 1                                    # [S] tokens a request emits
+        self.prefill = latency.t_prefill(logs.prompt_len)                    # [S] s to prefill each sequence
         self.conf = O.confidences(logs, self.spec) if cfg.confidence_depth else np.zeros((logs.n_positions, 0), np.float32)
         tb = np.asarray(cfg.target_batches, np.float64)          # beyond max_batch: the queue overloads
         self.rates = np.asarray(rates if rates is not None else arr.rates_for_logs(tb, logs, latency))
@@ -145,8 +146,7 @@ class LoadEnv:
         if take.any():
             self.seq[take] = self.rng.integers(0, self.logs.n_sequences, int(take.sum()))
             self.pos[take] = 0
-            n_prompt = self.logs.context_len[self.logs.offsets[self.seq]]            # [n, M]
-            self.t += np.where(take, self.latency.t_prefill(n_prompt), 0.0).sum(1)  # prefills, one by one
+            self.t += np.where(take, self.prefill[self.seq], 0.0).sum(1)        # prefills, one by one
             self.active |= take
             self.queued -= take.sum(1)
 

@@ -69,8 +69,7 @@ def serve(logs, latency, table: ShapeTable, chooser: Chooser, arrivals, max_batc
         raise DataError(f"max_batch must be >= 1, got {max_batch}")
     seq_of = request_sequences(logs, R) if request_seq is None else np.asarray(request_seq, np.int64)
     target = (logs.new_tokens - 1)[seq_of]                          # [R] tokens each request emits
-    n_prompt = logs.context_len[logs.offsets[seq_of]]               # [R] prompt tokens (the first root's context)
-    pf = latency.t_prefill(n_prompt) if prefill else np.zeros(R)    # [R] s of each prefill
+    pf = latency.t_prefill(logs.prompt_len[seq_of]) if prefill else np.zeros(R)   # [R] s of each prefill
     slot_req = np.full(max_batch, -1, np.int64)                     # request in each slot (-1 free)
     slot_p = np.zeros(max_batch, np.int64)                          # its root position
     join, finish = np.full(R, np.nan), np.full(R, np.nan)
