@@ -13,6 +13,9 @@ when it is not asked for, cannot run here, or no longer fits the budget:
   latency   that target at batch 1 (online/gpu_latency.py): the AR step, the verify phase of V
             tokens, one draft forward of width W, whole cycles of each tree shape; AR decode steps
             at batch B = 1..64; the batched EAGLE-3 engine where it exists
+  kernels   where the device time of the slow cases of the first GPU check goes (online/gpu_kernels.py):
+            torch.profiler's top ops by self device and self CPU time, each slow case beside its
+            fast twin
   validate  `draftgym validate` of the shipped head on the embedded SmolLM2 (online/gpu_validate.py),
             when its weights were carried (`--smollm2`: a folder of parts from `online.carry`, the
             GGUF, or a dequantised model folder), with the policies carried (`--policy`, e.g. the
@@ -45,7 +48,7 @@ from pathlib import Path
 from pipeline.cliargs import comma_list, parse_positive_ints
 from pipeline.errors import DraftGymError, first_line
 
-STEPS = ("tests", "lossless", "latency", "validate")
+STEPS = ("tests", "lossless", "latency", "kernels", "validate")
 TEST_DEVICE_ENV = "DRAFTGYM_TEST_DEVICE"       # read by tests/test_on_device.py
 ROOT = Path(__file__).resolve().parents[1]
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -59,8 +62,8 @@ TINY_LLAMA = dict(LLAMA31_8B, vocab_size=512, hidden_size=64, intermediate_size=
 # the draft vocabulary of the published EAGLE-3 head for Llama-3.1-8B-Instruct
 DRAFT_VOCAB = {"llama-3.1-8b": 32000, "tiny": 256}
 # the share of the whole budget a step may take at most (validate takes what is left)
-STEP_SHARE = {"tests": 0.2, "lossless": 0.25, "latency": 0.35, "validate": 1.0}
-MIN_START_S = {"tests": 45, "lossless": 60, "latency": 60, "validate": 90}   # not worth starting with less
+STEP_SHARE = {"tests": 0.2, "lossless": 0.2, "latency": 0.3, "kernels": 0.1, "validate": 1.0}
+MIN_START_S = {"tests": 45, "lossless": 60, "latency": 60, "kernels": 30, "validate": 90}   # not worth starting with less
 # what the check runs on: pyproject.toml's pins of these must hold here (the GPU image's own versions
 # may be older, e.g. a transformers that ignores the forward's `cache=`: every result would be wrong)
 RUNTIME_PACKAGES = ("torch", "transformers", "accelerate", "safetensors", "numpy", "pyarrow", "huggingface-hub")
@@ -274,6 +277,7 @@ def run_check(cfg: CheckConfig) -> dict:
     """Every asked-for step in order, within the budget; the reports rewritten after each step."""
     import torch
 
+    from online.gpu_kernels import kernel_traces
     from online.gpu_latency import profile_latency
     from online.gpu_report import write_reports
     from online.gpu_validate import run_validate_step
@@ -313,6 +317,7 @@ def run_check(cfg: CheckConfig) -> dict:
         "tests": lambda dl: run_tests(cfg, dl, out),
         "lossless": lambda dl: check_lossless(cfg, dl, *model_and_head()),
         "latency": lambda dl: profile_latency(cfg, dl, *model_and_head()),
+        "kernels": lambda dl: kernel_traces(cfg, dl, *model_and_head()),
         "validate": lambda dl: run_validate_step(cfg, work, out, TINY_LLAMA),
     }
     for step in STEPS:

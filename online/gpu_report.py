@@ -46,6 +46,8 @@ def summary_line(step: str, r: dict) -> str:
         parts += [f"{_shape(c['shape'])} cycle {_f(c['t_cycle'])} ms (break-even tau {_f(c['break_even_tau'])})"
                   for c in cyc if c["context"] == (ar[0]["context"] if ar else None)]
         return "; ".join(parts)
+    if step == "kernels":
+        return "; ".join(f"{t['case']} {_f(t.get('wall_ms'), '{:.1f}')} ms" for t in r.get("traces", []))
     if step == "validate":
         return "; ".join(f"{ds}: {sum(e['lossless_counts'].values()) if e['lossless_counts'] else 0} outputs, "
                          f"{(e['lossless_counts'] or {}).get('mismatch', 0)} mismatch"
@@ -104,6 +106,17 @@ def render_markdown(rep: dict) -> str:
                         [[r["B"]] + [_batch_cell(r.get(s)) for s in shapes] for r in spec["rows"]])
     elif spec:
         lines += [f"Batched engine: {spec.get('status')} ({spec.get('reason')}).", ""]
+    for t in steps.get("kernels", {}).get("traces", []):
+        if t.get("status") != "ok":
+            lines += [f"Kernels, {t['case']}: {t.get('status')} ({t.get('reason')}).", ""]
+            continue
+        for by, what in (("by_device", "self device time"), ("by_cpu", "self CPU time")):
+            if t[by]:
+                lines += [f"Kernels, {t['case']} ({_f(t['wall_ms'], '{:.1f}')} ms wall, {t['ops']} distinct ops; "
+                          f"online/gpu_kernels.py): top ops by {what}:", ""]
+                lines += _table(["op", "calls", "self device (ms)", "self CPU (ms)"],
+                                [[o["op"][:60], o["calls"], _f(o["self_device_ms"], "{:.3f}"), _f(o["self_cpu_ms"], "{:.3f}")]
+                                 for o in t[by]])
     val = steps.get("validate", {})
     if val.get("datasets"):
         lines += [f"`draftgym validate` on {val['device']}: {val['model']}, head {val['head']}, T = 0, 1 run"

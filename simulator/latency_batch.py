@@ -16,7 +16,8 @@ rows' worth of the per-row slope instead of 12). `batch_loo` measures both on a 
 
 Outside the profiled levels: B < 1 is refused (ValueError); B > B_K extrapolates along the last
 segment (the last two levels' slope: cost keeps growing with the batch) and is never below F_K. An op
-profiled only at batch 1 (the overhead, today) is flat in B. Exact at every profiled level; monotone
+profiled only at batch 1 (the overhead of a profile made before the batched engine's steps were
+timed, or an imported one) is flat in B. Exact at every profiled level; monotone
 between two levels (linear in B, or in log B).
 """
 from __future__ import annotations

@@ -105,6 +105,20 @@ def test_ar_at_batch_b_is_the_off_step(tiny):
     assert [r.output_ids for r in no_head.generate_ar(prompts, 20, batch_size=8)] == [a.output_ids for a in ar]
 
 
+def test_max_steps_stops_the_call_on_the_full_run_s_prefix(tiny):
+    """max_steps = k: exactly k steps, each row's tokens a prefix of the unbounded run's, rows cut
+    there keep stop_reason '' (the profile's timed steps, pipeline/profiling/batched.py)."""
+    eng, beng, prompts, ar = tiny
+    ctrl = lambda: ScriptedBatchController(MIXED)
+    full = beng.generate(prompts, 20, batch_size=4, controller=ctrl())
+    cut = beng.generate(prompts, 20, batch_size=4, controller=ctrl(), max_steps=5)
+    assert len(cut.steps) == 5 < len(full.steps)
+    assert [s.accepted for s in cut.steps] == [s.accepted for s in full.steps[:5]]
+    for r, f in zip(cut, full):
+        assert f.output_ids[: len(r.output_ids)] == r.output_ids
+    assert "" in {r.stop_reason for r in cut}
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_sampled_rows_equal_batch1_with_the_same_seed(tiny, temperature):
     """T > 0: row r draws from its own Generator(seeds[r]) exactly as the batch-1 engine does, so its

@@ -27,8 +27,8 @@ def test_profile_tiny(tmp_path, tiny_model_dir, capsys):
 
 
 def test_profile_batch_sizes(tmp_path, tiny_model_dir, capsys):
-    """--batch-sizes 1,2: today's batch-1 rows plus draft_step / verify / policy rows over 2 rows (no
-    overhead at B > 1), and a latency model that answers batch 2."""
+    """--batch-sizes 1,2: today's batch-1 rows plus draft_step / verify / overhead / policy rows over 2
+    rows, from the batched engine's steps, and a latency model that answers batch 2."""
     from simulator.latency_model import LatencyModel
 
     rc = cli(["profile", "--model", str(tiny_model_dir), "--head", "random", "--widths", "2", "--verify-sizes", "1,4",
@@ -38,7 +38,8 @@ def test_profile_batch_sizes(tmp_path, tiny_model_dir, capsys):
     cells = {(r["op"], r["width"], r["verify_size"], r["context_len"], r["batch"]) for r in t}
     assert cells == {("verify", 0, 1, 16, 1), ("verify", 0, 4, 16, 1), ("draft_step", 2, 0, 16, 1), ("policy", 0, 0, 0, 1),
                      ("overhead", 10, 60, 0, 1),
-                     ("verify", 0, 1, 16, 2), ("verify", 0, 4, 16, 2), ("draft_step", 2, 0, 16, 2), ("policy", 0, 0, 0, 2)}
+                     ("verify", 0, 1, 16, 2), ("verify", 0, 4, 16, 2), ("draft_step", 2, 0, 16, 2), ("policy", 0, 0, 0, 2),
+                     ("overhead", 0, 0, 16, 2)}
     for r in t:
         assert r["p10"] <= r["median"] <= r["p90"] and r["n"] >= 2
     lat = LatencyModel.from_rows(t)
@@ -74,3 +75,48 @@ def test_speed_factor_is_the_median_cell_ratio():
     assert na == nb == 4
     assert fa == pytest.approx(0.03 / 0.025) and fb == pytest.approx(0.02 / 0.025)
     assert s.speed_factor("never") is None
+
+
+def test_batched_step_rows_attribute_each_step_to_its_shape():
+    """Step k played grid shape k % n: its verify (kept shapes), its draft per depth, its overhead;
+    warm-up rounds and steps with fewer than B rows are dropped (pipeline/profiling/batched.py)."""
+    from pipeline.decode.controller import StepRecord, StepShape
+    from pipeline.profiling.batched import grid_shapes, step_rows
+
+    shapes = grid_shapes((1, 4), (1, 3))
+    assert [(s, keep) for s, keep in shapes] == [(StepShape.off(), True), (StepShape.chain(2), True),
+                                                 (StepShape(2, 4, 3), False)]
+
+    def rec(k, shape, B=2):
+        return StepRecord(step=k, batch_size=B, depth=shape.depth, width=shape.width, verify_size=shape.verify_size,
+                          rows=[0, 1][:B], context_lens=[8] * B, accepted=[0] * B, emitted=[1] * B, queued=0,
+                          t_draft=0.01 * shape.depth, t_verify=0.1 + 0.01 * k, t_controller=0.001, t_step=0.2 + 0.01 * k)
+
+    recs = [rec(k, shapes[k % 3][0]) for k in range(9)]
+    recs[7] = rec(7, shapes[1][0], B=1)                       # a row had finished: not a batch-2 step
+    got = step_rows(recs, shapes, batch=2, context=16, warmup=1)
+    assert got[("verify", 0, 1, 16, 2)] == pytest.approx([0.13, 0.16])
+    assert got[("verify", 0, 3, 16, 2)] == pytest.approx([0.14])
+    assert got[("draft_step", 1, 0, 16, 2)] == pytest.approx([0.01])
+    assert got[("draft_step", 4, 0, 16, 2)] == pytest.approx([0.01, 0.01])
+    off, drafted = 0.1 - 0.001, 0.1 - 0.02 - 0.001          # t_step - t_verify = 0.1 by construction
+    assert got[("overhead", 0, 0, 16, 2)] == pytest.approx([off, drafted, drafted, off, drafted])
+    assert set(got) == {("verify", 0, 1, 16, 2), ("verify", 0, 3, 16, 2), ("draft_step", 1, 0, 16, 2),
+                        ("draft_step", 4, 0, 16, 2), ("overhead", 0, 0, 16, 2)}
+
+
+def test_verify_width_times_the_tree_that_holds_v():
+    """A V-token verify is timed at the first width whose tree holds V nodes: a chain (W = 1) holds
+    at most 13 at depth 12, so V = 40 goes to W = 10; no width that can: a one-line error."""
+    from pipeline.errors import DraftGymError
+    from pipeline.profiling.batched import grid_shapes
+    from pipeline.profiling.timed_ops import depth_for, verify_width
+
+    assert [verify_width(V, (1, 10)) for V in (1, 2, 13, 14, 40)] == [1, 1, 1, 10, 10]
+    for V in (2, 13, 14, 40, 100):
+        W = verify_width(V, (1, 10))
+        assert W + (depth_for(V, W) - 1) * W * W >= V - 1
+    with pytest.raises(DraftGymError, match="40-token verify needs a wider tree than widths 1"):
+        verify_width(40, (1,))
+    assert [(s.depth, s.width, s.verify_size) for s, _ in grid_shapes((1, 10), (1, 4, 40))] == \
+        [(0, 1, 1), (3, 1, 4), (2, 10, 40), (2, 10, 11)]

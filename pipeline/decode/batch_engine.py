@@ -124,14 +124,16 @@ class BatchEngine:
     # -- public entries ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
                  seeds: int | list[int] = 0, batch_size: int = 8,
-                 controller: BatchController | None = None, arrivals: list[float] | None = None) -> BatchResult:
+                 controller: BatchController | None = None, arrivals: list[float] | None = None,
+                 max_steps: int | None = None) -> BatchResult:
         """EAGLE-3 at batch size `batch_size` (default controller: the EAGLE-3 tree every step).
         seeds: one for all rows or one per prompt; max_new_tokens likewise. arrivals: each prompt's
-        arrival time in s (module docstring); batch_size is then the most rows at once."""
+        arrival time in s (module docstring); batch_size is then the most rows at once. max_steps:
+        stop after that many steps (the profile's timed steps); rows still running keep stop_reason ''."""
         if self.head is None:
             raise DraftGymError("method eagle3 needs an EAGLE-3 head")
         return self._run("eagle3", prompts, max_new_tokens, temperature, seeds, batch_size,
-                         controller or StaticBatchController(), features=True, arrivals=arrivals)
+                         controller or StaticBatchController(), features=True, arrivals=arrivals, max_steps=max_steps)
 
     def generate_ar(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
                     seeds: int | list[int] = 0, batch_size: int = 8, arrivals: list[float] | None = None) -> BatchResult:
@@ -166,7 +168,7 @@ class BatchEngine:
 
     @torch.inference_mode()
     def _run(self, method, prompts, max_new_tokens, temperature, seeds, batch_size, controller, features,
-             arrivals=None):
+             arrivals=None, max_steps=None):
         # a sliding window is never reached (pipeline/decode/arch.py: the slot masks are not windowed):
         # the controller's static V counts up front, a larger V chosen mid-generation at its step
         tree = getattr(controller, "shape", StepShape()).verify_size if self.window else 0
@@ -186,7 +188,7 @@ class BatchEngine:
         for s in range(B):
             res.prefill_s += self._fill(s, state, rows, run)
         self._drop_dead(state, rows)
-        while rows.req or run.queue:
+        while (rows.req or run.queue) and (max_steps is None or len(res.steps) < max_steps):
             if not rows.req:                                  # idle: skip the wait for the next arrival
                 res.idle_s += max(0.0, run.arrival[run.queue[-1]] - self._now(run))
             self._admit(state, rows, run, batch_size)

@@ -1,26 +1,34 @@
-"""Latency samples at batch size B > 1 for `draftgym profile --batch-sizes`: the serving step's ops.
+"""Latency samples at batch size B > 1 for `draftgym profile --batch-sizes`: the batched engine's own steps.
 
 The serving step (docs/design.md "Serving at batch size B") runs, for B active rows and one shape:
 D head forwards over B x W rows, one target forward over B x V tokens (each row on its own prefix),
-and one controller call. At B = 1 the profile samples real engine cycles (in situ); no engine decodes
-B rows here, so each (V, context_len) cell runs stand-in steps built from `timed_ops` instead:
+and one controller call. At B = 1 the profile samples real engine cycles (in situ). At B > 1 it
+does the same with the batched engine (pipeline/decode/batch_engine.py): B prompts of c tokens are
+prefilled once per (B, c), then one generation plays the grid's shapes round-robin,
 
-    step = depth_for(V, W0) draft forwards  draft_op(head, W0, c, batch=B)      -> t_draft / D samples
-         + one verify                      verify_op(model, V, c, head, batch=B) -> t_verify samples
+    steps = (warmup + repeats) rounds x [off, S(V_2), ..., S(V_n), S'(W_2), ...]
+    S(V)  = (depth_for(V, W), W, V)        W = verify_width(V, widths): the first width whose tree holds V
+                                           its t_verify -> verify (V, c, B), t_draft / D -> draft_step (W, c, B)
+    S'(W) = (2, W, min(1 + W, max V))      its t_draft / 2 -> draft_step (W, c, B) (as the in-situ grid)
+    off   = no draft, the root alone       its t_verify -> verify (1, c, B): the AR step at B (t_ar)
 
-alternating as in decoding (draft work between two verifies keeps the caches as cold as in situ;
-a tight loop of one op ran 13-15 % faster on a CPU, pipeline.profiling.profile). Further widths W
-run steps of 2 draft forwards + a verify of 1 + W tokens (only their draft samples are kept), as the
-in-situ grid does. Rows (op, stats, W, V, c, B):
+and every step's t_step - t_draft - t_verify - t_controller -> overhead (c, B). Each row follows its
+own path (its own drafts, acceptance, KV slots and emitted tokens), so a step costs what the engine
+pays for B rows, per-row work included; the rounds interleave the shapes, so each sees the same
+drift of the machine and of the rows' contexts (each row grows by its emitted tokens over the
+generation: about rounds x shapes x tau tokens, so c is the context the rows start from). No EOS
+(the rows must stay B); the call stops after its steps (`BatchEngine.generate(max_steps=...)`).
+Rows (op, stats, W, V, c, B):
 
-    draft_step  per (W, c, B)    one head forward over B rows x W beams, each row its own draft KV
-    verify      per (V, c, B)    one B x V target forward + acceptance, compaction, fusion; V = 1 is
-                                 the AR step at B (the latency model's t_ar), as at batch 1
+    draft_step  per (W, c, B)    one head forward over B rows x W beams (pending entries included)
+    verify      per (V, c, B)    one B x V target forward + acceptance, compaction, fusion
+    overhead    per (c, B)       the step's bookkeeping outside the three timed phases
     policy      per B            the stand-in policy MLP over B observations (a controller that scores
                                  every row; one that reads an aggregate costs the batch-1 row)
 
-No overhead rows at B > 1: the per-step engine cost outside the timed ops can only be read off a
-batched engine's steps; the latency model holds the batch-1 overhead flat in B and says so.
+Why not stand-ins (one timed head forward and one timed target forward over B copies of one path):
+they missed the engine's per-row work, and the closed-batch check (BENCHMARKS log R4) found the
+batched engine's speculative steps 15-60 % dearer than they predicted.
 """
 from __future__ import annotations
 
@@ -28,51 +36,53 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from pipeline.profiling.timed_ops import depth_for, draft_op, policy_op, stats_of, time_op, verify_op
-from pipeline.runtime.clock import DeviceClock
+from pipeline.decode.controller import ScriptedBatchController, StepShape
+from pipeline.profiling.timed_ops import depth_for, policy_op, stats_of, time_op, verify_width
+
+TOKENS_PER_STEP = 8          # max_new_tokens per step and row: above any tau seen, so no row ends early
 
 
-def step_samples(draft_fn: Callable[[], None], verify_fn: Callable[[], None], depth: int, steps: int,
-                 clock: DeviceClock, warmup: int = 1) -> tuple[list[float], list[float]]:
-    """`warmup` + `steps` stand-in steps (depth draft forwards, then the verify); returns the timed
-    steps' (t_draft / depth samples, t_verify samples) in seconds."""
-    t_draft, t_verify = [], []
-    for i in range(warmup + steps):
-        t0 = clock()
-        for _ in range(depth):
-            draft_fn()
-        t1 = clock()
-        verify_fn()
-        t2 = clock()
-        if i >= warmup:
-            t_draft.append((t1 - t0) / depth)
-            t_verify.append(t2 - t1)
-    return t_draft, t_verify
+def grid_shapes(widths, verify_sizes) -> list[tuple[StepShape, bool]]:
+    """(shape, its verify is kept) of one round: the in-situ grid's trees (module docstring)."""
+    V_max = max(verify_sizes)
+    tree = lambda V, W: StepShape(depth_for(V, W), W, V)
+    shapes = [(StepShape.off() if V == 1 else tree(V, verify_width(V, widths)), True) for V in verify_sizes]
+    return shapes + [(StepShape(2, W, min(1 + W, V_max)), False) for W in widths[1:]]
 
 
-def batched_jobs(widths, verify_sizes, contexts) -> list[tuple[int, int, int, bool]]:
-    """(W, V, c, keep_verify) stand-in cells of one batch size, the in-situ grid's: every V with the
-    first width, then one 1 + W verify per further width (draft samples only)."""
-    W0 = widths[0]
-    return [(W0, V, c, True) for c in contexts for V in verify_sizes] + \
-           [(W, min(1 + W, max(verify_sizes)), c, False) for W in widths[1:] for c in contexts]
-
-
-def batched_rows(engine, batch: int, widths, verify_sizes, contexts, repeats: int = 5, warmup: int = 1,
-                 progress: bool = True) -> list[tuple]:
-    """Latency rows (op, stats, W, V, c, B) of one batch size B > 1 for a loaded engine (module docstring)."""
-    model, head, dev = engine.model, engine.head, engine.device
-    clock = DeviceClock(dev)
-    verify, drafts = {}, {}
-    for W, V, c, keep_verify in tqdm(batched_jobs(tuple(widths), tuple(verify_sizes), contexts),
-                                     desc=f"profile (batch {batch})", unit="cell", disable=not progress):
-        D = depth_for(V, W) if keep_verify else 2
-        t_draft, t_verify = step_samples(draft_op(head, W, c, batch=batch), verify_op(model, V, c, head=head, batch=batch),
-                                         D, repeats, clock, warmup)
-        drafts.setdefault((W, c), []).extend(t_draft)
+def step_rows(records, shapes, batch: int, context: int, warmup: int) -> list[tuple]:
+    """A generation's step records -> samples per row key (op, W, V, c, B) -> [seconds]. Step k played
+    shapes[k % len(shapes)]; the first `warmup` rounds and steps with fewer than B rows are dropped."""
+    samples: dict[tuple, list[float]] = {}
+    add = lambda key, t: samples.setdefault(key, []).append(t)
+    for k, r in enumerate(records):
+        if k < warmup * len(shapes) or r.batch_size != batch:
+            continue
+        shape, keep_verify = shapes[k % len(shapes)]
         if keep_verify:
-            verify.setdefault((V, c), []).extend(t_verify)
-    rows = [("verify", stats_of(ts), 0, V, c, batch) for (V, c), ts in verify.items()]
-    rows += [("draft_step", stats_of(ts), W, 0, c, batch) for (W, c), ts in drafts.items()]
-    rows.append(("policy", time_op(policy_op(device=dev, batch=batch), dev, warmup=5, repeats=50), 0, 0, 0, batch))
+            add(("verify", 0, shape.verify_size, context, batch), r.t_verify)
+        if not shape.is_off:
+            add(("draft_step", r.width, 0, context, batch), r.t_draft / r.depth)
+        add(("overhead", 0, 0, context, batch), max(0.0, r.t_step - r.t_draft - r.t_verify - r.t_controller))
+    return samples
+
+
+def batched_rows(engine, batch: int, widths, verify_sizes, contexts, prompt: Callable[[int, int], list[int]],
+                 repeats: int = 5, warmup: int = 1, progress: bool = True) -> list[tuple]:
+    """Latency rows (op, stats, W, V, c, B) of one batch size B > 1 for a loaded engine (module
+    docstring). prompt(c, r) -> row r's prompt of exactly c tokens (rows differ, so their paths do)."""
+    from pipeline.decode.batch_engine import BatchEngine
+
+    eng = BatchEngine(engine.model, engine.head, eos_token_ids=set())
+    shapes = grid_shapes(tuple(widths), tuple(verify_sizes))
+    n_steps = (warmup + repeats) * len(shapes)
+    samples: dict[tuple, list[float]] = {}
+    for c in tqdm(contexts, desc=f"profile (batch {batch})", unit="context", disable=not progress):
+        res = eng.generate([prompt(c, r) for r in range(batch)], n_steps * TOKENS_PER_STEP, batch_size=batch,
+                           controller=ScriptedBatchController([s for s, _ in shapes]), max_steps=n_steps)
+        for key, ts in step_rows(res.steps, shapes, batch, c, warmup).items():
+            samples.setdefault(key, []).extend(ts)
+    rows = [(op, stats_of(ts), W, V, c, B) for (op, W, V, c, B), ts in samples.items()]
+    rows.append(("policy", time_op(policy_op(device=engine.device, batch=batch), engine.device, warmup=5, repeats=50),
+                 0, 0, 0, batch))
     return rows

@@ -9,9 +9,9 @@ Ops (docs/design.md, "The latency model"):
   overhead    per-cycle engine cost outside draft/verify/controller, from real static-default cycles
   prefill     one request's prefill over n prompt tokens (context_len = n), batch 1 as the engines
               prefill a joining request; timed in a loop (timed_ops.prefill_op), per `--prefill-lengths`
-Every row has `batch` = 1 (one sequence decoding). `--batch-sizes 1,2,4,8,16` adds draft_step, verify
-and policy rows at each B > 1: the serving step's ops over B rows, sampled by stand-in steps
-(pipeline.profiling.batched; batch 1 is always the in-situ profile below).
+Every row has `batch` = 1 (one sequence decoding). `--batch-sizes 1,2,4,8,16` adds draft_step, verify,
+overhead and policy rows at each B > 1: the serving step's ops over B rows, sampled from the batched
+engine's own steps (pipeline.profiling.batched; batch 1 is always the in-situ profile below).
 
 Method (default, "in situ"): the engine decodes with static trees (D, W, V), D the smallest depth
 whose pool holds V - 1 nodes, from prompts of exactly `context_len` tokens, after one warm-up
@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from pipeline.errors import DraftGymError
 from pipeline.profiling.batched import batched_rows
-from pipeline.profiling.timed_ops import depth_for, draft_op, policy_op, prefill_op, stats_of, time_op, verify_op
+from pipeline.profiling.timed_ops import depth_for, draft_op, policy_op, prefill_op, stats_of, time_op, verify_op, verify_width
 from pipeline.logs.schema import LATENCY, SCHEMA_VERSION, partition_dir, write_atomic
 
 DEFAULT_VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 60, 100, 160, 240)
@@ -129,8 +129,8 @@ def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify
             sampler.extra.append((op, time_op(fn, engine.device, warmup=warmup, repeats=repeats), W, V, c, 1))
     sampler.run_round(progress)
     for B in sorted({int(b) for b in batch_sizes} - {1}):                  # batch 1: the in-situ round above
-        sampler.extra += batched_rows(engine, B, widths, verify_sizes, sampler.contexts, repeats=repeats,
-                                      progress=progress)
+        sampler.extra += batched_rows(engine, B, widths, verify_sizes, sampler.contexts,
+                                      lambda c, r: context_prompt(tokenizer, c, r), repeats=repeats, progress=progress)
     max_n = engine.model.config.max_position_embeddings - 1
     for n in tqdm(sorted({int(n) for n in prefill_lengths if int(n) <= max_n}), desc="profile (prefill)",
                   unit="length", disable=not progress):
@@ -156,10 +156,10 @@ class InSituSampler:
         self.contexts = [c for c in contexts if c <= max_ctx]
         if not self.contexts:
             raise DraftGymError(f"no profiling context length fits the target's {max_ctx} positions")
-        # in situ: real static-tree cycles. verify per (V, c) with the first width; draft per (W, c),
+        # in situ: real static-tree cycles. verify per (V, c) with the first width whose tree holds V
+        # nodes (timed_ops.verify_width); draft per (W, c),
         # pooled over those trees (and, for further widths, over one 2-level tree each)
-        W0 = self.widths[0]
-        self.jobs = [(W0, V, c, True) for c in self.contexts for V in self.verify_sizes] + \
+        self.jobs = [(verify_width(V, self.widths), V, c, True) for c in self.contexts for V in self.verify_sizes] + \
                     [(W, min(1 + W, max(self.verify_sizes)), c, False) for W in self.widths[1:] for c in self.contexts]
         self.verify: dict[tuple[int, int], list[float]] = {}
         self.drafts: dict[tuple[int, int], list[float]] = {}

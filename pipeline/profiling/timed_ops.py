@@ -9,6 +9,9 @@ head forward over B rows of W beams, each row with its own draft KV of the conte
 [B, n_kv, S, d] keys); `verify_op(..., batch=B)` one target forward over B rows of V tree tokens, each
 row on its own prefix (a batch-B cache, a [B, 1, V, c + V] additive mask), then the per-row greedy
 acceptance, KV compaction and feature fusion a batched engine does. V = 1 is the AR step at B.
+Micro-benchmarks only (e.g. docs/adhoc/target_gqa_verify.py): every row keeps row 0's path, so they
+leave out the engine's per-row work; `draftgym profile --batch-sizes` times the batched engine's own
+steps instead (pipeline/profiling/batched.py).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from pipeline.decode.draft import additive
 from pipeline.decode.head import Eagle3Head
 from pipeline.runtime.clock import DeviceClock
 from pipeline.decode.tree import tree_mask
+from pipeline.errors import DraftGymError
 from pipeline.decode.verify import (VerifyTree, accept_greedy, compact_cache, crop_cache, target_forward,
                                     tree_attention_mask, verify_tree)
 
@@ -55,6 +59,17 @@ def depth_for(V: int, W: int, max_depth: int = 12) -> int:
     while D < max_depth and W + (D - 1) * W * W < V - 1:
         D += 1
     return D
+
+
+def verify_width(V: int, widths, max_depth: int = 12) -> int:
+    """The first of `widths` whose tree of depth depth_for(V, W) holds V nodes (root + V - 1 drafted):
+    the width a V-token verify is timed at. A chain (W = 1) holds at most max_depth + 1 tokens, and
+    the engine cuts V to what the pool holds, so timing V = 40 at W = 1 would time a 13-token verify."""
+    for W in widths:
+        if W + (depth_for(V, W, max_depth) - 1) * W * W >= V - 1:
+            return W
+    raise DraftGymError(f"a {V}-token verify needs a wider tree than widths {', '.join(map(str, widths))} "
+                        f"allow within depth {max_depth}: add a width (e.g. 10)")
 
 
 def chain_tree(V: int, device) -> VerifyTree:
