@@ -58,16 +58,15 @@ def trace_case(fn, device: torch.device) -> dict:
     """Warm-up, then one profiled call: wall time and the top ops by self device and self CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
+    from pipeline.runtime.clock import DeviceClock
+
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    clock = DeviceClock(device)
     fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
     with profile(activities=acts) as prof:
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        wall = time.perf_counter() - t0
+        wall = clock() - t0
     avg = prof.key_averages()
     return {"wall_ms": 1e3 * wall, "ops": len(avg),
             "by_device": op_table(avg, _self_device_us) if device.type == "cuda" else [],

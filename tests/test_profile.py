@@ -110,12 +110,12 @@ def test_verify_width_times_the_tree_that_holds_v():
     at most 13 at depth 12, so V = 40 goes to W = 10; no width that can: a one-line error."""
     from pipeline.errors import DraftGymError
     from pipeline.profiling.batched import grid_shapes
-    from pipeline.profiling.timed_ops import depth_for, verify_width
+    from pipeline.profiling.timed_ops import depth_for, tree_pool, verify_width
 
     assert [verify_width(V, (1, 10)) for V in (1, 2, 13, 14, 40)] == [1, 1, 1, 10, 10]
     for V in (2, 13, 14, 40, 100):
         W = verify_width(V, (1, 10))
-        assert W + (depth_for(V, W) - 1) * W * W >= V - 1
+        assert tree_pool(depth_for(V, W), W) >= V - 1
     with pytest.raises(DraftGymError, match="40-token verify needs a wider tree than widths 1"):
         verify_width(40, (1,))
     assert [(s.depth, s.width, s.verify_size) for s, _ in grid_shapes((1, 10), (1, 4, 40))] == \

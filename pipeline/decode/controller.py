@@ -63,6 +63,11 @@ class CycleRecord:
     t_controller: float    # all controller calls of this cycle
     t_cycle: float         # the whole cycle; t_cycle - the three above = per-cycle overhead
 
+    @property
+    def t_overhead(self) -> float:
+        """The cycle's time outside draft, verify and controller (the latency model's overhead op)."""
+        return self.t_cycle - self.t_draft - self.t_verify - self.t_controller
+
 
 class Controller:
     """Base controller: a fixed shape, never stops early. Subclass and override any hook."""
@@ -178,6 +183,11 @@ class StepRecord:
     t_controller: float = 0.0      # plan + observe
     t_step: float = 0.0            # the whole step, refills excluded; minus the three above = overhead
     t_refill: float = 0.0          # prefills of requests that joined after this step
+
+    @property
+    def t_overhead(self) -> float:
+        """The step's time outside draft, verify and controller (refills excluded, as from t_step)."""
+        return self.t_step - self.t_draft - self.t_verify - self.t_controller
 
     @property
     def accepted_sum(self) -> int:

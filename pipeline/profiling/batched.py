@@ -50,7 +50,7 @@ def grid_shapes(widths, verify_sizes) -> list[tuple[StepShape, bool]]:
     return shapes + [(StepShape(2, W, min(1 + W, V_max)), False) for W in widths[1:]]
 
 
-def step_rows(records, shapes, batch: int, context: int, warmup: int) -> list[tuple]:
+def step_rows(records, shapes, batch: int, context: int, warmup: int) -> dict[tuple, list[float]]:
     """A generation's step records -> samples per row key (op, W, V, c, B) -> [seconds]. Step k played
     shapes[k % len(shapes)]; the first `warmup` rounds and steps with fewer than B rows are dropped."""
     samples: dict[tuple, list[float]] = {}
@@ -63,7 +63,7 @@ def step_rows(records, shapes, batch: int, context: int, warmup: int) -> list[tu
             add(("verify", 0, shape.verify_size, context, batch), r.t_verify)
         if not shape.is_off:
             add(("draft_step", r.width, 0, context, batch), r.t_draft / r.depth)
-        add(("overhead", 0, 0, context, batch), max(0.0, r.t_step - r.t_draft - r.t_verify - r.t_controller))
+        add(("overhead", 0, 0, context, batch), max(0.0, r.t_overhead))
     return samples
 
 

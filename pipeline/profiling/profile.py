@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from pipeline.errors import DraftGymError
 from pipeline.profiling.batched import batched_rows
-from pipeline.profiling.timed_ops import depth_for, draft_op, policy_op, prefill_op, stats_of, time_op, verify_op, verify_width
+from pipeline.profiling.timed_ops import depth_for, draft_op, policy_op, prefill_op, stats_of, time_op, tree_pool, verify_op, verify_width
 from pipeline.logs.schema import LATENCY, SCHEMA_VERSION, partition_dir, write_atomic
 
 DEFAULT_VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 60, 100, 160, 240)
@@ -53,7 +53,7 @@ def measure_overhead(engine, tokenizer, n_tokens: int = 48) -> list[float]:
     ids = encode_prompt(tokenizer, "Explain how a hash map works, step by step.")
     engine.generate(ids, 8)
     res = engine.generate(ids, n_tokens)
-    return [max(0.0, c.t_cycle - c.t_draft - c.t_verify - c.t_controller) for c in res.cycles]
+    return [max(0.0, c.t_overhead) for c in res.cycles]
 
 
 def in_situ_samples(engine, tokenizer, context_len: int, depth: int, width: int, verify_size: int,
@@ -180,7 +180,7 @@ class InSituSampler:
         W, V, c, timed_verify = job
         D = depth_for(V, W) if timed_verify else 2
         cyc = in_situ_samples(self.engine, self.tokenizer, c, D, W, V, self.cycle_tokens, min_cycles=max(self.repeats, 8))
-        cyc = [x for x in cyc if x.verify_size == min(V, 1 + W + (D - 1) * W * W)]
+        cyc = [x for x in cyc if x.verify_size == min(V, 1 + tree_pool(D, W))]
         if not cyc:
             raise DraftGymError(f"profile: no cycles of the static tree ({D}, {W}, {V}) at context {c}")
         seg = self.by_segment.setdefault(self.segment, {})
