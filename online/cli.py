@@ -83,7 +83,9 @@ def add_validate(sub: argparse._SubParsersAction) -> None:
                    help="ROUNDS further profile rounds spread between the generations (implies --profile-first); "
                         "sim-vs-real is then timed with the profile pooled over all rounds (which samples the same "
                         "machine states as the decoding), rescaled per dataset by the speed its samples saw while "
-                        "that dataset decoded")
+                        "that dataset decoded. With --batch-sizes: at every run and B, before each method's generation, "
+                        "ROUNDS rounds of the methods' shapes on the batched engine; the replay is timed with the logs' "
+                        "profile whose measured levels these replace (online/batch_interleave.py) (default: 0, off)")
     p.add_argument("--no-reanchor", dest="reanchor", action="store_false",
                    help="at T = 0, skip the re-anchored sim-vs-real (each method also replayed on its own decoded "
                         "text, collected after the decoding: online/reanchor.py)")

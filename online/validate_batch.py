@@ -5,7 +5,8 @@ Methods: AR (every step off), each static shape of --shapes (trees "tree:D,W,V" 
 "chain:K", spelled as `draftgym tune` spells them) and, with --schedule, a schedule JSON written by
 `draftgym tune` (simulator/serving/schedule.py: the shape of the range holding the step's B). At
 each B the requests are the dataset's prompts cycled to a queue of Q_B = max(N, 2 B) (so finished
-rows are refilled); runs x B x methods generations, the methods interleaved within each run and B.
+rows are refilled); runs x B x methods generations, the methods interleaved within each run and B
+(run r starts at method r mod M).
 
 Metrics (defined once, per B and method):
   tokens/s              all new tokens / the call's wall time (every prefill and the drain
@@ -19,6 +20,7 @@ Metrics (defined once, per B and method):
   drafts/step           draft tokens verified per row-step, V - 1 averaged (0 for an off step)
   held-B decode tokens/s  tokens / sum(t_step) over the leading steps while the batch is full (until
                         the queue runs dry and a row leaves): what a closed batch at B measures
+  held tau              tau over the same steps: what the replay's tau is compared with
   lossless              T = 0: every row against its own batch-1 AR output (pipeline/decode/lossless.py:
                         fp32 exact or mismatch; reduced precision exact / near-tie / mismatch)
   replayed tokens/s     with --logs: simulator/serving/replay.py's closed batch at B over the logged
@@ -36,7 +38,7 @@ import statistics
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -97,9 +99,9 @@ def check_batch_config(cfg: ValidateConfig) -> None:
     check_config(cfg)
     if cfg.policies:
         raise DraftGymError("--policy runs at batch 1 only; at --batch-sizes give static --shapes or a --schedule")
-    if cfg.profile_first or cfg.profile_interleave:
-        raise DraftGymError("--profile-first / --profile-interleave run at batch 1 only; profile at B with "
-                            "`draftgym profile --batch-sizes` first")
+    if cfg.profile_first:
+        raise DraftGymError("--profile-first runs at batch 1 only; at --batch-sizes give --profile-interleave ROUNDS "
+                            "(online/batch_interleave.py) or profile at B with `draftgym profile --batch-sizes` first")
     if not cfg.batch_sizes or min(cfg.batch_sizes) < 1:
         raise DraftGymError("--batch-sizes must be integers >= 1")
     batch_methods(cfg)
@@ -173,8 +175,10 @@ class Cell:
 
 
 def run_dataset(cfg: ValidateConfig, recs, prompts: list[list[int]], engine, ref_engine, methods: list[Method],
-                run_id: str, dev: str, progress: bool) -> tuple[dict, dict]:
-    """Every method at every B, cfg.runs times; the step table written per B. Returns
+                run_id: str, dev: str, progress: bool, between=None) -> tuple[dict, dict]:
+    """Every method at every B, cfg.runs times, run r starting at method r mod M (so no method always
+    decodes first or last); the step table written per B. between(B), when given, runs before every
+    method's generation (--profile-interleave's slices). Returns
     ({B: {method: Cell}}, {B: the step table's path})."""
     from tqdm import tqdm
 
@@ -190,7 +194,9 @@ def run_dataset(cfg: ValidateConfig, recs, prompts: list[list[int]], engine, ref
         for B in cfg.batch_sizes:
             req = [k % n for k in range(queue_length(n, B))]     # the queue: the prompts cycled
             seeds = [cfg.seed + 1000 * r + k for k in range(len(req))]
-            for m in methods:
+            for m in methods[r % len(methods):] + methods[:r % len(methods)]:
+                if between is not None:
+                    between(B)
                 res = _generate(engine, m, [prompts[i] for i in req], cfg.max_new_tokens, T, seeds, B)
                 cell = cells[B][m.name]
                 cell.figures.append(generation_figures(res))
@@ -222,6 +228,7 @@ def summarize_cells(cells: dict, methods: list[Method], recs) -> dict:
             per_req = [x for f in c.figures for x in f["per_request"]]
             held_tok = sum(f["held"]["tokens"] for f in c.figures)
             held_s = sum(f["held"]["seconds"] for f in c.figures)
+            held_rs = sum(f["held"]["steps"] * f["held"]["batch"] for f in c.figures)
             s = {"shape": _label(m.shape_at(B)),
                  "tokens_per_s": statistics.mean(tps), "tokens_per_s_std": statistics.pstdev(tps) if len(tps) > 1 else 0.0,
                  "per_request_tokens_per_s": statistics.mean(per_req) if per_req else None,
@@ -229,6 +236,7 @@ def summarize_cells(cells: dict, methods: list[Method], recs) -> dict:
                  "drafts_per_step": statistics.mean(f["drafts_per_step"] for f in c.figures),
                  "held_batch": c.figures[0]["held"]["batch"],
                  "held_decode_tokens_per_s": held_tok / held_s if held_s > 0 else None,
+                 "held_tau": float(M.tau(held_tok, held_rs)) if held_rs else None,
                  "new_tokens": sum(f["new_tokens"] for f in c.figures), "requests": queue_length(len(recs), B)}
             if c.verdicts:
                 summ = summarize_verdicts([v for *_, v in c.verdicts])
@@ -250,15 +258,21 @@ def _label(shape) -> str:
 
 # ---------------------------------------------------------------------------------- the simulator's side
 
-def replay_side(cfg: ValidateConfig, logs, lat, recs, methods: list[Method], by_batch: dict) -> dict:
+def replay_side(cfg: ValidateConfig, logs, lat, recs, methods: list[Method], by_batch: dict, suffix: str = "") -> dict:
     """Replayed tokens/s of a closed batch at each B against the held-B decode tokens/s measured
-    (module docstring). Adds `replayed_tokens_per_s` and `replay_rel_error` to by_batch's rows;
-    returns the notes of what could not be replayed."""
+    (module docstring). Adds `replayed_tokens_per_s<suffix>` and `replay_rel_error<suffix>` (and,
+    without a suffix, `replayed_tau` and `replay_tau_rel_error`: the replay's tau against the
+    device's over the same held-B window) to by_batch's rows; returns the notes of what could not be
+    replayed."""
     from simulator.serving import shapes as S
     from simulator.serving.replay import ShapeTable, closed_batch
 
     ids = [r.prompt_id for r in recs]
-    ev = logs.subset(np.isin(logs.prompt_id, ids))
+    first = {}                                       # each prompt's first logged sequence
+    for k, pid in enumerate(logs.prompt_id.tolist()):
+        first.setdefault(pid, k)
+    ev = logs.subset(np.array([first[i] for i in ids if i in first], np.int64))   # in the device's queue order
+    ev = replace(ev, new_tokens=np.minimum(ev.new_tokens, cfg.max_new_tokens))    # cut where the device cuts
     if ev.n_sequences == 0:
         return {"note": f"no logged sequences for these prompts in {cfg.logs} (collect them first)"}
     notes = {"missing_prompts": sorted(set(ids) - set(ev.prompt_id.tolist())), "not_replayable": {}}
@@ -280,8 +294,11 @@ def replay_side(cfg: ValidateConfig, logs, lat, recs, methods: list[Method], by_
             row = by_batch[str(B)][name]
             sim = float(res["tokens_per_s"][shapes.index(s)])
             real = row["held_decode_tokens_per_s"]
-            row["replayed_tokens_per_s"] = sim
-            row["replay_rel_error"] = (sim - real) / real if real else None
+            row["replayed_tokens_per_s" + suffix] = sim
+            row["replay_rel_error" + suffix] = (sim - real) / real if real else None
+            if not suffix and row.get("held_tau"):             # tau does not depend on the clock
+                tau = float(res["tau"][shapes.index(s)])
+                row["replayed_tau"], row["replay_tau_rel_error"] = tau, (tau - row["held_tau"]) / row["held_tau"]
     return notes
 
 
@@ -302,6 +319,20 @@ def load_replay(cfg: ValidateConfig, dev: str, dtype: str):
 
 
 # ---------------------------------------------------------------------------------- the command
+
+def interleave_slices(cfg: ValidateConfig, methods: list[Method], engine, tokenizer, encoded: dict):
+    """--profile-interleave ROUNDS at --batch-sizes: the slices (online/batch_interleave.py) over the
+    shapes the methods run at each B and the contexts of every dataset's prompts; None without it."""
+    if not cfg.profile_interleave:
+        return None
+    from online.batch_interleave import BatchProfileSlices, slice_contexts
+    from simulator.serving.shapes import canonical
+
+    shapes_at = {B: sorted({canonical(m.shape_at(B)) for m in methods}) for B in cfg.batch_sizes}
+    contexts = slice_contexts([p for ps in encoded.values() for p in ps], cfg.max_new_tokens,
+                              engine.model.config.max_position_embeddings)
+    return BatchProfileSlices(engine, tokenizer, shapes_at, contexts, cfg.profile_interleave)
+
 
 def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
     """Every method at every B on every dataset's prompts; report.json, report.md, the PNG and the
@@ -328,18 +359,29 @@ def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
               "batch_sizes": list(cfg.batch_sizes), "methods": [m.name for m in methods],
               "schedule": methods[-1].schedule.table() if cfg.schedule else None,
               "replay_note": replay_note, "datasets": {}, "command": " ".join(sys.argv)}
+    encoded = {ds: [encode_prompt(target.tokenizer, list(r.messages)) for r in prompt_sets[ds]] for ds in cfg.datasets}
+    slices = interleave_slices(cfg, methods, engine, target.tokenizer, encoded) if logs is not None else None
     for ds in cfg.datasets:
-        recs = prompt_sets[ds]
-        prompts = [encode_prompt(target.tokenizer, list(r.messages)) for r in recs]
-        cells, paths = run_dataset(cfg, recs, prompts, engine, ref_engine, methods, run_id, dev, progress)
+        recs, prompts = prompt_sets[ds], encoded[ds]
+        cells, paths = run_dataset(cfg, recs, prompts, engine, ref_engine, methods, run_id, dev, progress, between=slices)
         by_batch = summarize_cells(cells, methods, recs)
         counts = summarize_verdicts([v for c in cells.values() for cell in c.values() for *_, v in cell.verdicts])
-        entry = {"prompts": [r.prompt_id for r in recs], "by_batch": by_batch, "step_tables": {str(B): p for B, p in paths.items()},
-                 "lossless_checked": cfg.temperature <= 0, "lossless": cfg.temperature > 0 or counts["ok"],
-                 "lossless_counts": counts["counts"] if cfg.temperature <= 0 else None}
-        if logs is not None:
-            entry["replay"] = replay_side(cfg, logs, lat, recs, methods, by_batch)
-        report["datasets"][ds] = entry
+        report["datasets"][ds] = {
+            "prompts": [r.prompt_id for r in recs], "by_batch": by_batch, "step_tables": {str(B): p for B, p in paths.items()},
+            "lossless_checked": cfg.temperature <= 0, "lossless": cfg.temperature > 0 or counts["ok"],
+            "lossless_counts": counts["counts"] if cfg.temperature <= 0 else None}
+    if logs is not None:
+        clock = lat
+        if slices is not None:
+            from online.batch_interleave import time_local_profile
+
+            clock, report["profile_interleave"] = time_local_profile(slices, engine, cfg.logs, lat.meta["profile_id"],
+                                                                     logs.model, cfg.out, dev, dtype)
+        for ds in cfg.datasets:
+            e = report["datasets"][ds]
+            e["replay"] = replay_side(cfg, logs, clock, prompt_sets[ds], methods, e["by_batch"])
+            if slices is not None:                   # the logs' own profile: the second column
+                replay_side(cfg, logs, lat, prompt_sets[ds], methods, e["by_batch"], suffix="_logs_profile")
     report["wall_s"] = time.perf_counter() - t_start
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

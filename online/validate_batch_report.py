@@ -5,21 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 
 HEADER = ("| method | shape | tokens/s (mean ± std over runs) | per-request tokens/s | x AR | tau | drafts/step | "
-          "lossless (exact / near-tie / mismatch) | held-B decode tokens/s | replayed tokens/s | replay error |")
+          "lossless (exact / near-tie / mismatch) | held-B decode tokens/s | replayed tokens/s | replay error | "
+          "replayed tau (error) |")
+
+
+SECOND = " replayed tokens/s, the logs' profile | its error |"
 
 
 def _num(v, fmt="{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def method_row(name: str, s: dict) -> str:
+def method_row(name: str, s: dict, second: bool = False) -> str:
     c = s.get("lossless")
     lossless = f"{c['exact']} / {c['near-tie']} / {c['mismatch']}" if c else "-"
-    err = s.get("replay_rel_error")
+    pct = lambda e: "-" if e is None else f"{100 * e:+.1f}%"
     return (f"| {name} | {s['shape']} | {s['tokens_per_s']:.2f} ± {s['tokens_per_s_std']:.2f} | "
             f"{_num(s['per_request_tokens_per_s'])} | {_num(s['speedup_vs_ar'])} | {_num(s['tau'])} | "
             f"{_num(s['drafts_per_step'])} | {lossless} | {_num(s['held_decode_tokens_per_s'])} | "
-            f"{_num(s.get('replayed_tokens_per_s'))} | {'-' if err is None else f'{100 * err:+.1f}%'} |")
+            f"{_num(s.get('replayed_tokens_per_s'))} | {pct(s.get('replay_rel_error'))} | "
+            f"{_num(s.get('replayed_tau'))} ({pct(s.get('replay_tau_rel_error'))}) |"
+            + (f" {_num(s.get('replayed_tokens_per_s_logs_profile'))} | {pct(s.get('replay_rel_error_logs_profile'))} |"
+               if second else ""))
 
 
 def dataset_section(ds: str, e: dict, dtype: str) -> list[str]:
@@ -30,9 +37,11 @@ def dataset_section(ds: str, e: dict, dtype: str) -> list[str]:
                 else " (T > 0: not checked token by token)"), ""]
     for B, by_method in e["by_batch"].items():
         first = next(iter(by_method.values()))
+        second = any("replay_rel_error_logs_profile" in s for s in by_method.values())
+        header = HEADER + (SECOND if second else "")
         lines += [f"### B = {B} ({first['requests']} requests; the batch held {first['held_batch']} rows while the queue lasted)",
-                  "", HEADER, "|" + "---|" * HEADER.count(" | ") + "---|"]
-        lines += [method_row(name, s) for name, s in by_method.items()]
+                  "", header, "|" + "---|" * header.count(" | ") + "---|"]
+        lines += [method_row(name, s, second) for name, s in by_method.items()]
         divs = [(name, d) for name, s in by_method.items() for d in s.get("divergences", [])]
         if divs:
             lines += ["", "Divergences from batch-1 AR (pipeline/decode/lossless.py):", "",
@@ -102,6 +111,13 @@ def write_batch_markdown(rep: dict, out: Path) -> None:
              ""]
     if rep.get("replay_note"):
         lines += [f"replay: {rep['replay_note']}", ""]
+    pi = rep.get("profile_interleave")
+    if pi:
+        lines += [f"replay timed with the time-local profile `{pi['profile_id']}` (--profile-interleave "
+                  f"{pi['rounds']}: {pi['slices']} slices at contexts {', '.join(map(str, pi['contexts']))}, "
+                  f"{pi['seconds']:.0f} s, one before each method's generation at each run and B; "
+                  f"online/batch_interleave.py); the last two columns replay with the logs' profile "
+                  f"`{pi['from_profile']}`", ""]
     lines += ["![tokens/s against B](tokens_per_s_vs_batch.png)", ""]
     for ds, e in rep["datasets"].items():
         lines += dataset_section(ds, e, rep["dtype"])

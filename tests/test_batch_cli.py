@@ -123,6 +123,7 @@ def test_validate_batch_sizes_end_to_end(tmp_path, tiny_model_dir, batch_logs, c
             assert s["requests"] == requests and s["held_batch"] == int(B) and s["lossless"]["exact"] == 2 * requests
             assert s["tokens_per_s"] > 0 and s["per_request_tokens_per_s"] > 0 and s["tau"] >= 1.0
             assert s.get("replayed_tokens_per_s", 0) > 0 and s["replay_rel_error"] is not None, (name, e["replay"])
+            assert s["replay_tau_rel_error"] == pytest.approx(0.0, abs=1e-12), (B, name)   # fp32: exact per row
         assert [by[n]["drafts_per_step"] for n in ("ar", "tree:3,10,10", "chain:2")] == [0.0, 9.0, 2.0]
         steps = pq.read_table(e["step_tables"][B]).to_pylist()
         assert {r["method"] for r in steps} == set(rep["methods"]) and {r["run"] for r in steps} == {0, 1}
@@ -135,6 +136,38 @@ def test_validate_batch_sizes_end_to_end(tmp_path, tiny_model_dir, batch_logs, c
     assert "### B = 2" in md and "| schedule | chain:1 |" in md and (out / "tokens_per_s_vs_batch.png").stat().st_size > 0
 
 
+def test_validate_batch_profile_interleave(tmp_path, tiny_model_dir, batch_logs, capsys):
+    """--profile-interleave at --batch-sizes: one slice per (run, B), the time-local profile written
+    under OUT (the measured levels from the slices: the methods' verify sizes at the two context
+    levels; prefill and policy rows copied from the logs' profile), the replay timed with it and the
+    logs' profile's error kept as the second column."""
+    from online.batch_interleave import slice_grid
+
+    assert slice_grid([(0, 1, 1), (2, 1, 5), (8, 10, 60)]) == ((1, 10), (1, 3, 60))
+    out = tmp_path / "report"
+    rc = cli(["validate", "--model", str(tiny_model_dir), "--head", "random", "--batch-sizes", "1,2", "--n-prompts", "3",
+              "--runs", "2", "--max-new-tokens", "8", "--shapes", "chain:2", "--profile-interleave", "1",
+              "--logs", str(batch_logs), "--out", str(out), "--json", "--no-progress"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    pi = rep["profile_interleave"]
+    assert pi["slices"] == 2 * 2 * 2 and pi["rounds"] == 1 and len(pi["contexts"]) == 2 and pi["copied_rows"] > 0
+    assert set(pi["levels"]) == {f"{op}@B{B}" for op in ("draft_step", "verify", "overhead") for B in (1, 2)}
+    rows = pq.read_table(pi["path"]).to_pylist()
+    assert {r["profile_id"] for r in rows} == {pi["profile_id"]}
+    ver = [r for r in rows if r["op"] == "verify"]
+    assert {(r["verify_size"], r["context_len"], r["batch"]) for r in ver} == \
+        {(V, c, B) for V in (1, 3) for c in pi["contexts"] for B in (1, 2)}
+    assert all(r["n"] == 4 for r in ver)                         # 1 round x 2 runs x 2 methods
+    assert {r["op"] for r in rows} >= {"prefill", "policy"}      # copied from the logs' profile
+    for B in ("1", "2"):
+        for name, s in rep["datasets"]["mt-bench"]["by_batch"][B].items():
+            assert s["replayed_tokens_per_s"] > 0 and s["replayed_tokens_per_s_logs_profile"] > 0, name
+            assert s["replayed_tokens_per_s"] != s["replayed_tokens_per_s_logs_profile"]
+    md = (out / "report.md").read_text()
+    assert "time-local profile" in md and "the logs' profile | its error |" in md
+
+
 def test_validate_batch_bad_inputs(tmp_path, capsys):
     base = ["validate", "--logs", "", "--out", str(tmp_path / "r")]
     bad_sched = tmp_path / "bad.json"
@@ -144,7 +177,8 @@ def test_validate_batch_bad_inputs(tmp_path, capsys):
              (["--batch-sizes", "1,0"], "--batch-sizes values must be >= 1"),
              (["--batch-sizes", "2", "--shapes", "tree:8,10"], "bad shape"),
              (["--batch-sizes", "2", "--shapes", "off"], "'off' is the AR method"),
-             (["--batch-sizes", "2", "--schedule", str(bad_sched)], "not a DraftGym schedule")]
+             (["--batch-sizes", "2", "--schedule", str(bad_sched)], "not a DraftGym schedule"),
+             (["--batch-sizes", "2", "--profile-first", "--logs", str(tmp_path)], "--profile-first runs at batch 1 only")]
     for argv, msg in cases:
         assert cli([*base, *argv]) == 2, argv
         err = capsys.readouterr().err

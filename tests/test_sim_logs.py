@@ -45,6 +45,16 @@ def test_split_and_dataset_filter(hand_root):
         load_logs(hand_root, width=4)
 
 
+def test_subset_by_indices_keeps_their_order(hand_root):
+    """subset with integer indices: those sequences in that order (validate's replay follows the
+    device's queue), each with its own rows; a bool mask keeps log order."""
+    full = load_logs(hand_root)
+    rev = full.subset(np.array([1, 0]))
+    assert rev.prompt_id.tolist() == full.prompt_id.tolist()[::-1]
+    assert np.array_equal(rev.acceptance[: rev.offsets[1]], full.acceptance[full.offsets[1]:full.offsets[2]])
+    assert full.subset(np.array([False, True])).prompt_id.tolist() == full.prompt_id.tolist()[1:]
+
+
 def test_synthetic_files_follow_schema(syn_root):
     for table, ref in (("sequences", SEQUENCES), ("latency", LATENCY)):
         for f in table_files(syn_root, table):

@@ -67,6 +67,21 @@ def step_rows(records, shapes, batch: int, context: int, warmup: int) -> dict[tu
     return samples
 
 
+def batched_samples(eng, batch: int, shapes, context: int, prompt: Callable[[int, int], list[int]],
+                    repeats: int, warmup: int = 1) -> dict[tuple, list[float]]:
+    """One (B, c) generation of a BatchEngine `eng` (no EOS) playing `shapes` (grid_shapes) round-robin:
+    samples per row key (op, W, V, c, B) (step_rows). prompt(c, r) -> row r's prompt of c tokens."""
+    n_steps = (warmup + repeats) * len(shapes)
+    res = eng.generate([prompt(context, r) for r in range(batch)], n_steps * TOKENS_PER_STEP, batch_size=batch,
+                       controller=ScriptedBatchController([s for s, _ in shapes]), max_steps=n_steps)
+    return step_rows(res.steps, shapes, batch, context, warmup)
+
+
+def rows_of(samples: dict[tuple, list[float]]) -> list[tuple]:
+    """Pooled samples per key (op, W, V, c, B) -> latency rows (op, stats, W, V, c, B)."""
+    return [(op, stats_of(ts), W, V, c, B) for (op, W, V, c, B), ts in samples.items()]
+
+
 def batched_rows(engine, batch: int, widths, verify_sizes, contexts, prompt: Callable[[int, int], list[int]],
                  repeats: int = 5, warmup: int = 1, progress: bool = True) -> list[tuple]:
     """Latency rows (op, stats, W, V, c, B) of one batch size B > 1 for a loaded engine (module
@@ -75,14 +90,11 @@ def batched_rows(engine, batch: int, widths, verify_sizes, contexts, prompt: Cal
 
     eng = BatchEngine(engine.model, engine.head, eos_token_ids=set())
     shapes = grid_shapes(tuple(widths), tuple(verify_sizes))
-    n_steps = (warmup + repeats) * len(shapes)
     samples: dict[tuple, list[float]] = {}
     for c in tqdm(contexts, desc=f"profile (batch {batch})", unit="context", disable=not progress):
-        res = eng.generate([prompt(c, r) for r in range(batch)], n_steps * TOKENS_PER_STEP, batch_size=batch,
-                           controller=ScriptedBatchController([s for s, _ in shapes]), max_steps=n_steps)
-        for key, ts in step_rows(res.steps, shapes, batch, c, warmup).items():
+        for key, ts in batched_samples(eng, batch, shapes, c, prompt, repeats, warmup).items():
             samples.setdefault(key, []).extend(ts)
-    rows = [(op, stats_of(ts), W, V, c, B) for (op, W, V, c, B), ts in samples.items()]
+    rows = rows_of(samples)
     rows.append(("policy", time_op(policy_op(device=engine.device, batch=batch), engine.device, warmup=5, repeats=50),
                  0, 0, 0, batch))
     return rows

@@ -30,6 +30,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -222,20 +223,11 @@ class InSituSampler:
 
     def write(self, out: str) -> dict:
         """One profile (a new profile_id) of every sample so far -> `<out>/latency/...parquet`."""
-        from pipeline.runtime.fingerprint import device_name, dtype_name, environment_fingerprint
-
-        dev, dtype = self.engine.device, dtype_name(self.engine.dtype)
-        env = json.dumps(environment_fingerprint(dev, dtype))
-        profile_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        dev = self.engine.device
+        profile_id = new_profile_id()
         rows = []
-
-        def add(op, stats, width=0, verify_size=0, context_len=0, batch=1):
-            rows.append({"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device_name(dev, dtype),
-                         "device_type": dev.type, "model_id": self.model, "head_id": self.engine.head.head_id,
-                         "dtype": dtype, "op": op, "width": width, "verify_size": verify_size, "context_len": context_len,
-                         "batch": batch, "n": stats["n"], "median": stats["median"], "p10": stats["p10"],
-                         "p90": stats["p90"], "mean": stats["mean"], "env_json": env})
-
+        row = row_maker(self.engine, self.model, profile_id)
+        add = lambda *a, **k: rows.append(row(*a, **k))
         for op, stats, W, V, c, B in self.extra:
             add(op, stats, width=W, verify_size=V, context_len=c, batch=B)
         for (V, c), ts in self.verify.items():
@@ -246,10 +238,38 @@ class InSituSampler:
         if not self.overhead:
             self.overhead = measure_overhead(self.engine, self.tokenizer)
         add("overhead", stats_of(self.overhead), width=10, verify_size=60)
-        path = partition_dir(out, "latency", self.model, "_profile", 0.0).parent.parent / f"{profile_id}.parquet"
-        write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
-        return {"profile_id": profile_id, "device": device_name(dev, dtype), "dtype": dtype, "rows": len(rows), "path": str(path),
-                "rounds": self.rounds, "trees": self.done}
+        path = write_profile(rows, out, self.model, profile_id)
+        return {"profile_id": profile_id, "device": rows[0]["device"], "dtype": rows[0]["dtype"], "rows": len(rows),
+                "path": str(path), "rounds": self.rounds, "trees": self.done}
+
+
+def new_profile_id() -> str:
+    """`<timestamp>-<6 hex>`: sorted ids put the newest last (LatencyModel.from_rows picks it)."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def row_maker(engine, model: str, profile_id: str) -> Callable[..., dict]:
+    """row(op, stats, width=0, verify_size=0, context_len=0, batch=1) -> one LATENCY row of `engine`
+    (its device, dtype, head and environment fingerprint) in profile `profile_id`."""
+    from pipeline.runtime.fingerprint import device_name, dtype_name, environment_fingerprint
+
+    dev, dtype = engine.device, dtype_name(engine.dtype)
+    env = json.dumps(environment_fingerprint(dev, dtype))
+
+    def row(op, stats, width=0, verify_size=0, context_len=0, batch=1) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device_name(dev, dtype),
+                "device_type": dev.type, "model_id": model, "head_id": engine.head.head_id, "dtype": dtype, "op": op,
+                "width": width, "verify_size": verify_size, "context_len": context_len, "batch": batch, "n": stats["n"],
+                "median": stats["median"], "p10": stats["p10"], "p90": stats["p90"], "mean": stats["mean"],
+                "env_json": env}
+    return row
+
+
+def write_profile(rows: list[dict], out: str, model: str, profile_id: str):
+    """LATENCY rows of one profile -> `<out>/latency/.../<profile_id>.parquet` (atomic). Returns the path."""
+    path = partition_dir(out, "latency", model, "_profile", 0.0).parent.parent / f"{profile_id}.parquet"
+    write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
+    return path
 
 
 @dataclass

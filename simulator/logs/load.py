@@ -141,9 +141,10 @@ class ReplayLogs:
 
     # -- selection
     def subset(self, keep: np.ndarray) -> "ReplayLogs":
-        """Keep the sequences where `keep` ([S] bool) is true."""
-        keep = np.asarray(keep, bool)
-        seqs = np.flatnonzero(keep)
+        """Keep the sequences where `keep` ([S] bool) is true, or, given integer indices, those
+        sequences in that order."""
+        keep = np.asarray(keep)
+        seqs = np.flatnonzero(keep) if keep.dtype == bool else keep.astype(np.int64)
         lengths = (self.offsets[1:] - self.offsets[:-1])[seqs]
         rows = np.concatenate([np.arange(self.offsets[s], self.offsets[s + 1]) for s in seqs]) if len(seqs) else \
             np.zeros(0, np.int64)
