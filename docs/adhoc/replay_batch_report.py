@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from online.validate import ValidateConfig, load_acceptance_logs
+from online.validate import ValidateConfig, load_acceptance_logs, load_prompt_sets
 from online.validate_batch import batch_methods, replay_side
 from online.validate_batch_report import write_batch_markdown
-from online.validate import load_prompt_sets
 from simulator.latency_model import LatencyModel
 
 out = Path(sys.argv[1])
