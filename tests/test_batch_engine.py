@@ -288,6 +288,8 @@ def test_bad_inputs(tiny):
         beng.generate_ar([[1] * 500], 40)
     with pytest.raises(DraftGymError, match="batch_size"):
         beng.generate([[1]], 4, batch_size=0)
+    with pytest.raises(DraftGymError, match="max_steps must be >= 1"):
+        beng.generate([[1]], 4, max_steps=0)
     with pytest.raises(DraftGymError, match="needs an EAGLE-3 head"):
         BatchEngine(eng.model, None).generate([[1]], 4)
     with pytest.raises(DraftGymError, match="without gaps"):

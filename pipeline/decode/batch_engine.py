@@ -172,6 +172,8 @@ class BatchEngine:
         # a sliding window is never reached (pipeline/decode/arch.py: the slot masks are not windowed):
         # the controller's static V counts up front, a larger V chosen mid-generation at its step
         tree = getattr(controller, "shape", StepShape()).verify_size if self.window else 0
+        if max_steps is not None and max_steps < 1:
+            raise DraftGymError(f"max_steps must be >= 1 (or None: until every row ends), got {max_steps}")
         seeds, max_new, arrivals = self._check(prompts, max_new_tokens, temperature, seeds, batch_size, tree, arrivals)
         res = BatchResult(method, [RowResult(i, list(p), arrival_s=a)
                                    for i, (p, a) in enumerate(zip(prompts, arrivals or [0.0] * len(prompts)))])
