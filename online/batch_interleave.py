@@ -7,8 +7,9 @@ method alike (S3: +15 to +30 % at B = 4; S6: -18 to -25 %), while the ratios tha
 Batch 1 has the same remedy (`--profile-interleave` in online/validate.py, rounds of the in-situ
 sampler spread over the decoding); this is its counterpart for the batched engine.
 
-What runs: at every run r and batch size B, before each method's generation at B, one *slice*: for each context level c, B prompts of c tokens (pipeline/profiling/profile.py
-context_prompt, not the validated prompts) prefilled into the batched engine, then one generation
+What runs: at every run r and batch size B, before each method's generation at B, one *slice*: for
+each context level c, B prompts of c tokens (pipeline/profiling/profile.py context_prompt, not the
+validated prompts) prefilled into the batched engine, then one generation
 playing the shapes the methods run at B round-robin (pipeline/profiling/batched.py grid_shapes,
 one warm-up round + ROUNDS timed rounds; each step one sample of draft_step (W, c, B), verify
 (V, c, B) and overhead (c, B)). The context levels span the validated steps: the shortest prompt
@@ -28,9 +29,6 @@ from __future__ import annotations
 import time
 
 from pipeline.profiling.batched import batched_samples, grid_shapes, rows_of
-
-REPLACED_OPS = ("draft_step", "verify", "overhead")
-
 
 def slice_grid(shapes) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(widths, verify sizes) of the profile grid that holds the canonical shapes (D, W, V) run at one B:
@@ -88,20 +86,18 @@ def time_local_profile(slices: BatchProfileSlices, engine, logs_root: str, base_
                        dev: str, dtype: str):
     """The time-local profile (module docstring) written under `<out>/latency`; returns (LatencyModel, info)."""
     from pipeline.errors import DataError
-    from pipeline.logs.schema import read_table, table_files
-    from pipeline.profiling.profile import new_profile_id, row_maker, write_profile
-    from simulator.latency_model import LatencyModel
+    from pipeline.profiling.profile import new_profile_id, profile_rows, row_maker, write_profile
+    from simulator.latency_model import LatencyModel, row_batch
 
-    measured = {(op, B) for op, _, _, _, _, B in slices.rows()}
-    base = [r for f in table_files(logs_root, "latency") for r in read_table(f, "latency").to_pylist()
-            if r["profile_id"] == base_profile]
+    measured_rows = slices.rows()
+    measured = {(op, B) for op, _, _, _, _, B in measured_rows}
+    base = profile_rows(logs_root, base_profile)
     if not base:
         raise DataError(f"latency profile {base_profile!r} not found under {logs_root}/latency")
     pid = new_profile_id()
-    kept = [{**r, "profile_id": pid} for r in base
-            if (r["op"], max(1, int(r.get("batch") or 1))) not in measured]
+    kept = [{**r, "profile_id": pid} for r in base if (r["op"], row_batch(r)) not in measured]
     row = row_maker(engine, base[0]["model_id"], pid)
-    rows = kept + [row(op, stats, W, V, c, B) for op, stats, W, V, c, B in slices.rows()]
+    rows = kept + [row(op, stats, W, V, c, B) for op, stats, W, V, c, B in measured_rows]
     path = write_profile(rows, out, base[0]["model_id"], pid)
     lat = LatencyModel.from_logs(out, model=model, device=dev, dtype=dtype, profile=pid)
     info = {"profile_id": pid, "from_profile": base_profile, "path": str(path), "slices": slices.slices,

@@ -21,10 +21,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
 from pipeline.errors import DataError, DraftGymError
-from pipeline.logs.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
+from pipeline.logs.schema import SCHEMA_VERSION, read_table, table_files
 
 PROMPTS = ("Explain how a hash map works, step by step.",
            "Write a Python function that returns the n-th Fibonacci number.",
@@ -105,10 +103,10 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
                      "dtype": base["dtype"], "op": f"policy:{key}", "width": 0, "verify_size": 0, "context_len": 0,
                      "batch": 1, **stats, "env_json": env})
         out[key] = stats["mean"]            # what the latency model charges (its default point: the mean)
+    from pipeline.profiling.profile import write_profile
+
     # next to the profile's own file (pipeline.profiling.profile), so every latency reader finds it
-    path = partition_dir(logs, "latency", model, "_profile", 0.0).parent.parent / \
-        f"{base['profile_id']}-policies-{time.strftime('%Y%m%d-%H%M%S')}.parquet"
-    write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
+    path = write_profile(rows, logs, model, f"{base['profile_id']}-policies-{time.strftime('%Y%m%d-%H%M%S')}")
     return {"profile_id": base["profile_id"], "device": base["device"], "per_call_s": out, "path": str(path)}
 
 
@@ -116,15 +114,12 @@ def copy_policy_rows(logs: str, model: str, src_profile: str, dst_profile: str) 
     """Give profile `dst_profile` the 'policy:<key>' rows of `src_profile` (same device, same root),
     e.g. validate's pooled interleaved profile gets the call costs timed right before decoding.
     Returns the number of rows copied."""
-    rows = []
-    for f in table_files(logs, "latency"):
-        rows += [r for r in read_table(f, "latency").to_pylist()
-                 if r["profile_id"] == src_profile and r["model_id"] == model and str(r["op"]).startswith("policy:")]
+    from pipeline.profiling.profile import profile_rows, write_profile
+
+    rows = [{**r, "profile_id": dst_profile} for r in profile_rows(logs, src_profile)
+            if r["model_id"] == model and str(r["op"]).startswith("policy:")]
     if rows:
-        for r in rows:
-            r["profile_id"] = dst_profile
-        path = partition_dir(logs, "latency", model, "_profile", 0.0).parent.parent / f"{dst_profile}-policies-from-{src_profile}.parquet"
-        write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
+        write_profile(rows, logs, model, f"{dst_profile}-policies-from-{src_profile}")
     return len(rows)
 
 

@@ -258,11 +258,12 @@ def _label(shape) -> str:
 
 # ---------------------------------------------------------------------------------- the simulator's side
 
-def replay_side(cfg: ValidateConfig, logs, lat, recs, methods: list[Method], by_batch: dict, suffix: str = "") -> dict:
+def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Method], by_batch: dict) -> dict:
     """Replayed tokens/s of a closed batch at each B against the held-B decode tokens/s measured
-    (module docstring). Adds `replayed_tokens_per_s<suffix>` and `replay_rel_error<suffix>` (and,
-    without a suffix, `replayed_tau` and `replay_tau_rel_error`: the replay's tau against the
-    device's over the same held-B window) to by_batch's rows; returns the notes of what could not be
+    (module docstring), once per clock: clocks = {suffix: LatencyModel} ("" for the report's main
+    columns). Adds `replayed_tokens_per_s<suffix>` and `replay_rel_error<suffix>` per clock, and
+    `replayed_tau` and `replay_tau_rel_error` (the replay's tau against the device's over the same
+    held-B window; no clock changes it) to by_batch's rows; returns the notes of what could not be
     replayed."""
     from simulator.serving import shapes as S
     from simulator.serving.replay import ShapeTable, closed_batch
@@ -285,20 +286,22 @@ def replay_side(cfg: ValidateConfig, logs, lat, recs, methods: list[Method], by_
             except DataError as e:
                 notes["not_replayable"][f"{m.name} at B = {B}"] = str(e)
         shapes = list(dict.fromkeys(ok.values()))
-        try:
-            res = closed_batch(ev, lat, ShapeTable(ev, shapes), B, n_requests=queue_length(len(recs), B))
-        except DataError as e:
-            notes.setdefault("batch", {})[str(B)] = str(e)
-            continue
-        for name, s in ok.items():
-            row = by_batch[str(B)][name]
-            sim = float(res["tokens_per_s"][shapes.index(s)])
-            real = row["held_decode_tokens_per_s"]
-            row["replayed_tokens_per_s" + suffix] = sim
-            row["replay_rel_error" + suffix] = (sim - real) / real if real else None
-            if not suffix and row.get("held_tau"):             # tau does not depend on the clock
-                tau = float(res["tau"][shapes.index(s)])
-                row["replayed_tau"], row["replay_tau_rel_error"] = tau, (tau - row["held_tau"]) / row["held_tau"]
+        table = ShapeTable(ev, shapes)
+        for suffix, lat in clocks.items():
+            try:
+                res = closed_batch(ev, lat, table, B, n_requests=queue_length(len(recs), B))
+            except DataError as e:
+                notes.setdefault("batch", {})[str(B)] = str(e)
+                break
+            for name, s in ok.items():
+                row = by_batch[str(B)][name]
+                sim = float(res["tokens_per_s"][shapes.index(s)])
+                real = row["held_decode_tokens_per_s"]
+                row["replayed_tokens_per_s" + suffix] = sim
+                row["replay_rel_error" + suffix] = (sim - real) / real if real else None
+                if row.get("held_tau"):
+                    tau = float(res["tau"][shapes.index(s)])
+                    row["replayed_tau"], row["replay_tau_rel_error"] = tau, (tau - row["held_tau"]) / row["held_tau"]
     return notes
 
 
@@ -371,17 +374,16 @@ def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
             "lossless_checked": cfg.temperature <= 0, "lossless": cfg.temperature > 0 or counts["ok"],
             "lossless_counts": counts["counts"] if cfg.temperature <= 0 else None}
     if logs is not None:
-        clock = lat
-        if slices is not None:
+        clocks = {"": lat}
+        if slices is not None:                       # the time-local profile; the logs' own: the second column
             from online.batch_interleave import time_local_profile
 
-            clock, report["profile_interleave"] = time_local_profile(slices, engine, cfg.logs, lat.meta["profile_id"],
+            local, report["profile_interleave"] = time_local_profile(slices, engine, cfg.logs, lat.meta["profile_id"],
                                                                      logs.model, cfg.out, dev, dtype)
+            clocks = {"": local, "_logs_profile": lat}
         for ds in cfg.datasets:
             e = report["datasets"][ds]
-            e["replay"] = replay_side(cfg, logs, clock, prompt_sets[ds], methods, e["by_batch"])
-            if slices is not None:                   # the logs' own profile: the second column
-                replay_side(cfg, logs, lat, prompt_sets[ds], methods, e["by_batch"], suffix="_logs_profile")
+            e["replay"] = replay_side(cfg, logs, clocks, prompt_sets[ds], methods, e["by_batch"])
     report["wall_s"] = time.perf_counter() - t_start
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

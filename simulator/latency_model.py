@@ -78,6 +78,11 @@ OPS = ("draft_step", "verify", "policy", "overhead", "prefill")
 X_KEY = {"draft_step": "width", "verify": "verify_size", "overhead": None}   # each op's x column (None: x = 0)
 
 
+def row_batch(row: dict) -> int:
+    """A LATENCY row's batch size B (rows without one, or with 0, are batch 1)."""
+    return max(1, int(row.get("batch") or 1))
+
+
 def batch_levels(rows: list[dict], point: str = "mean") -> tuple[dict, dict]:
     """One profile's B > 1 rows -> ({op: {B: Surface}} for draft_step / verify / overhead,
     {B: (point, p10, p90)} of the policy op)."""
@@ -275,9 +280,8 @@ class LatencyModel:
             raise ValueError(f"batch_interp must be one of {', '.join(BATCH_INTERP)}, got {batch_interp!r}")
         if hasattr(rows, "to_pylist"):
             rows = rows.to_pylist()
-        batch_of = lambda r: max(1, int(r.get("batch") or 1))
-        wide = [r for r in rows if batch_of(r) > 1]
-        rows = [r for r in rows if batch_of(r) == 1]
+        wide = [r for r in rows if row_batch(r) > 1]
+        rows = [r for r in rows if row_batch(r) == 1]
         if model is not None:
             safe = lambda s: str(s).replace("/", "--").replace("=", "-")
             rows = [r for r in rows if r["model_id"] == model or safe(r["model_id"]) == safe(model)]

@@ -25,6 +25,10 @@ logs, _ = load_acceptance_logs(cfg, rep["dtype"])
 pi = rep.get("profile_interleave")
 lat = LatencyModel.from_logs(out if pi else cfg.logs, model=logs.model, device=rep["device"], dtype=rep["dtype"],
                              profile=pi["profile_id"] if pi else None)
+clocks = {"": lat}
+if pi:                                                      # the second column: the logs' own profile
+    clocks["_logs_profile"] = LatencyModel.from_logs(cfg.logs, model=logs.model, device=rep["device"],
+                                                     dtype=rep["dtype"], profile=pi["from_profile"])
 sets, methods = load_prompt_sets(cfg), batch_methods(cfg)
 
 
@@ -44,11 +48,7 @@ for ds, e in rep["datasets"].items():
         steps = pq.read_table(e["step_tables"][B]).to_pylist()
         for name, s in by_method.items():
             s.setdefault("held_tau", held_tau([r for r in steps if r["method"] == name], int(B)))
-    e["replay"] = replay_side(cfg, logs, lat, sets[ds], methods, e["by_batch"])
-    if pi:                                                  # the second column: the logs' own profile
-        base = LatencyModel.from_logs(cfg.logs, model=logs.model, device=rep["device"], dtype=rep["dtype"],
-                                      profile=pi["from_profile"])
-        replay_side(cfg, logs, base, sets[ds], methods, e["by_batch"], suffix="_logs_profile")
+    e["replay"] = replay_side(cfg, logs, clocks, sets[ds], methods, e["by_batch"])
 (out / "report.json").write_text(json.dumps(rep, indent=1))
 write_batch_markdown(rep, out)
 print(f"replayed with {lat.meta['profile_id']}: {out / 'report.md'}")

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from pipeline.errors import DraftGymError
 from pipeline.profiling.batched import batched_rows
 from pipeline.profiling.timed_ops import depth_for, draft_op, policy_op, prefill_op, stats_of, time_op, tree_pool, verify_op, verify_width
-from pipeline.logs.schema import LATENCY, SCHEMA_VERSION, partition_dir, write_atomic
+from pipeline.logs.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
 
 DEFAULT_VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 60, 100, 160, 240)
 DEFAULT_CONTEXTS = (32, 128, 512)
@@ -265,11 +265,19 @@ def row_maker(engine, model: str, profile_id: str) -> Callable[..., dict]:
     return row
 
 
-def write_profile(rows: list[dict], out: str, model: str, profile_id: str):
-    """LATENCY rows of one profile -> `<out>/latency/.../<profile_id>.parquet` (atomic). Returns the path."""
-    path = partition_dir(out, "latency", model, "_profile", 0.0).parent.parent / f"{profile_id}.parquet"
+def write_profile(rows: list[dict], out: str, model: str, name: str):
+    """LATENCY rows -> `<out>/latency/.../<name>.parquet` (atomic), the file name starting with the
+    profile id (a profile's later rows, e.g. policy call costs, get files of their own beside it).
+    Returns the path."""
+    path = partition_dir(out, "latency", model, "_profile", 0.0).parent.parent / f"{name}.parquet"
     write_atomic(pa.Table.from_pylist(rows, schema=LATENCY), path, "latency")
     return path
+
+
+def profile_rows(root: str, profile_id: str) -> list[dict]:
+    """Every LATENCY row of profile `profile_id` under `<root>/latency` (checked reads)."""
+    return [r for f in table_files(root, "latency") for r in read_table(f, "latency").to_pylist()
+            if r["profile_id"] == profile_id]
 
 
 @dataclass
