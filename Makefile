@@ -23,8 +23,11 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PY) -m pip install -q --no-deps $(NODEPS_PKGS) -c $(CONSTRAINTS)
 	touch $(STAMP)
 
+# pytest-xdist workers, a test file each at a time; every worker gives torch its share of the cores
+# (tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 demo: setup
 	$(PY) -m online.demo

@@ -11,6 +11,22 @@ import torch
 # pipeline.decode.target.default_cpu_dtype, tested in tests/test_dtype.py.)
 os.environ["DRAFTGYM_CPU_DTYPE"] = "float32"
 
+# `make test` runs the suite on pytest-xdist workers, a file per worker at a time (Makefile TEST_WORKERS,
+# one per core on CI's 2-core box): each worker takes its share of the cores for torch's intra-op
+# threads, so the workers do not oversubscribe them.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+# Files that take longest on the 2-core box (docs/benchmarks/U.md U1), longest first. xdist hands the
+# files out in collection order, so these start first and no worker is left alone with one at the end.
+LONGEST_FIRST = ("test_lossless.py", "test_dtype.py", "test_demo.py", "test_sampling.py", "test_collect.py",
+                 "test_validate.py", "test_cluster.py", "test_transfer.py", "test_notebook_sim_vs_real.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(rank)))        # stable: the rest keep their order
+
 
 def make_tiny_llama(vocab: int = 64, hidden: int = 32, layers: int = 4, heads: int = 4, kv_heads: int = 2,
                     seed: int = 0, max_positions: int = 512):

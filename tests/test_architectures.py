@@ -296,6 +296,27 @@ def test_gemma2_soft_capped_logits_are_the_models():
     assert not arch.logits_are_lm_head(model.config) and arch.logits_are_lm_head(tiny_config("qwen3"))
 
 
+@pytest.mark.parametrize("name", ARCHS)
+def test_prefill_keeps_the_last_logits_only(name):
+    """Every prefill asks for the last position's logits only (target_forward(last_only=True):
+    logits_to_keep=1): the same row as the full forward's last one (Gemma-2's included: the CausalLM
+    still soft-caps it), the same hidden states and KV entries, and no [q, vocab] logits."""
+    from pipeline.decode.verify import target_forward
+    from transformers import DynamicCache
+
+    model = tiny_model(name)
+    ids, pos = torch.tensor([[3, 8, 1, 4, 4, 9, 2, 7]]), torch.arange(8)[None]
+    full_cache, last_cache = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    full, hs_full = target_forward(model, ids, pos, full_cache)
+    last, hs_last = target_forward(model, ids, pos, last_cache, last_only=True)
+    assert full.shape == (8, VOCAB) and last.shape == (1, VOCAB)
+    torch.testing.assert_close(last[0], full[-1], rtol=1e-5, atol=1e-5)
+    assert last.argmax().item() == full[-1].argmax().item()
+    assert all(torch.equal(a, b) for a, b in zip(hs_full, hs_last))
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+               for a, b in zip(full_cache.layers, last_cache.layers))
+
+
 def test_train_draft_labels_are_the_soft_capped_distribution():
     """The trainer's soft labels, which it computes from the target's final hidden state, are the
     CausalLM's own (soft-capped) next-token distribution: step 0's loss is the cross-entropy against

@@ -104,9 +104,9 @@ def test_smollm2_bf16_shipped_head(monkeypatch):
     prompts = [encode_prompt(t.tokenizer, list(r.messages)) for r in recs]
     ars = [eng.generate_ar(p, 64).output_ids for p in prompts]
 
-    def run(n=64):
+    def run(n=64, k=len(prompts)):
         return summarize_verdicts([classify(t.model, p, ar[:n], eng.generate(p, n, controller=StaticController(8, 10, 60)).output_ids)
-                                   for p, ar in zip(prompts, ars)])
+                                   for p, ar in zip(prompts[:k], ars[:k])])
 
     real = run()
     assert real["counts"]["mismatch"] == 0, real
@@ -114,8 +114,8 @@ def test_smollm2_bf16_shipped_head(monkeypatch):
     for d in real["divergences"]:
         assert d["gap_ulps"] <= NEAR_TIE_ULPS[torch.bfloat16]
     monkeypatch.setattr(engine_mod, "accept_greedy", biased_accept)
-    biased = run(16)        # the biased rule parts from AR within 4-9 tokens on these prompts (AVX2 EPYC, bf16)
-    assert biased["counts"]["mismatch"] >= 2, biased
+    biased = run(16, 2)     # the biased rule parts from AR within 4-9 tokens on these prompts (AVX2 EPYC, bf16)
+    assert biased["counts"]["mismatch"] == 2, biased
 
 
 def test_rounding_noise_is_zero_for_identical_paths(tiny_llama):

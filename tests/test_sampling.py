@@ -5,7 +5,8 @@ which both methods share) against the EXACT law computed from the tiny target by
 a chi-square goodness-of-fit test. Threshold: p-value > 1e-3 passes. The same test, run on a
 deliberately biased acceptance rule (on rejection, resample from p without removing the rejected
 draft token), must fail with p < 1e-6: that shows the test has the power to catch a wrong rule.
-Seeds are fixed, so the outcome is deterministic.
+Seeds are fixed, so the outcome is deterministic. At N_RUNS = 1000 runs per law (1500 before; the
+statistic grows with N): AR p = 0.92, EAGLE-3 p = 0.40, the biased rule p = 1.0e-15 (1.4e-30 at 1500).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pipeline.decode.engine import Engine
 from pipeline.decode.head import random_head
 from tests.conftest import make_tiny_llama
 
-VOCAB, PROMPT, N_RUNS = 6, [1, 4, 2], 1500
+VOCAB, PROMPT, N_RUNS = 6, [1, 4, 2], 1000
 
 
 @pytest.fixture(scope="module")

@@ -294,7 +294,8 @@ def collect_prompt(engine: Engine, head: Eagle3Head, prompt_ids: list[int], cfg:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=engine.model.config)
-    _, hs = target_forward(engine.model, torch.tensor([full], device=dev), torch.arange(N, device=dev)[None], cache)
+    _, hs = target_forward(engine.model, torch.tensor([full], device=dev), torch.arange(N, device=dev)[None], cache,
+                           last_only=True)                                  # the logits are not used: features only
     with_dist = cfg.temperature > 0 and cfg.dist_every > 0
     feats = head.fuse(tuple(h[:, : N - 1] for h in hs))                  # [1, N-1, H]
     g, dlogits, kv = head(torch.tensor([full[1:]], device=dev), feats, torch.arange(N - 1, device=dev))

@@ -243,7 +243,7 @@ class BatchEngine:
             cache = DynamicCache(config=self.model.config)
             n = len(p)
             logits, hs = target_forward(self.model, torch.tensor([p], device=dev), torch.arange(n, device=dev)[None],
-                                        cache, hidden_states=run.features)
+                                        cache, hidden_states=run.features, last_only=True)
             out, stop = cut([sample_token(logits[-1], run.T, gen)], self.eos, run.max_new[i])
             if stop is not None:                     # finished by its first token: the slot takes the next prompt
                 run.res.rows[i].output_ids, run.res.rows[i].stop_reason = out, stop

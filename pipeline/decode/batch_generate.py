@@ -188,7 +188,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, tempera
             from transformers import DynamicCache
             c = DynamicCache(config=model.config)
             logits, _ = target_forward(model, torch.tensor([p], device=dev), torch.arange(len(p), device=dev)[None],
-                                       c, hidden_states=False)
+                                       c, hidden_states=False, last_only=True)
             if start(s, i, logits[-1]):
                 kv.load(s, c, len(p))
                 return
@@ -295,7 +295,7 @@ def prefill_groups(model, prompts: list[list[int]], order: list[int], kv: SlotKV
             logits = model.get_output_embeddings()(last).float()                                     # [G, vocab]
         else:
             logits = model(input_ids=ids, position_ids=torch.arange(P, device=dev)[None], cache=cache,
-                           use_cache=True).logits[:, -1].float()                                     # G = 1
+                           use_cache=True, logits_to_keep=1).logits[:, -1].float()                   # G = 1
         for r, i in enumerate(grp):
             kv.load(slot, cache, Ps[r], row=r)
             yield slot, i, logits[r]

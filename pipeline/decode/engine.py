@@ -122,7 +122,7 @@ class Engine:
         cache = self._new_cache()
         ids = torch.tensor([prompt_ids], device=self.device)
         logits, _ = target_forward(self.model, ids, torch.arange(len(prompt_ids), device=self.device)[None], cache,
-                                   hidden_states=False)
+                                   hidden_states=False, last_only=True)
         out = [sample_token(logits[-1], temperature, gen)]
         res.prefill_s = clock() - t0
         out, stop = self._finish(out, max_new_tokens)
@@ -177,7 +177,7 @@ class Engine:
         cache = self._new_cache()
         n = len(prompt_ids)
         logits, hs = target_forward(self.model, torch.tensor([prompt_ids], device=dev),
-                                    torch.arange(n, device=dev)[None], cache)
+                                    torch.arange(n, device=dev)[None], cache, last_only=True)
         out = [sample_token(logits[-1], temperature, gen)]
         seq = list(prompt_ids) + out
         draft_kv = DraftKV()

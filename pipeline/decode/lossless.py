@@ -99,7 +99,7 @@ def ar_logits_at(model, prompt_ids: list[int], ar_ids: list[int], k: int) -> tor
     cache = DynamicCache(config=model.config)
     n = len(prompt_ids)
     logits, _ = target_forward(model, torch.tensor([prompt_ids], device=dev), torch.arange(n, device=dev)[None],
-                               cache, hidden_states=False)
+                               cache, hidden_states=False, last_only=True)
     for i in range(k):
         logits, _ = target_forward(model, torch.tensor([[ar_ids[i]]], device=dev), torch.tensor([[n + i]], device=dev),
                                    cache, hidden_states=False)
@@ -152,7 +152,7 @@ def rounding_noise(model, sequences: list[list[int]], start: int, chunk: int = 8
         rows = {}
         for step in (1, chunk):
             cache = DynamicCache(config=model.config)
-            model(input_ids=ids[:, :start], use_cache=True, cache=cache)
+            model(input_ids=ids[:, :start], use_cache=True, cache=cache, logits_to_keep=1)      # fills the cache
             out = []
             for s in range(start, len(seq), step):
                 e = min(s + step, len(seq))

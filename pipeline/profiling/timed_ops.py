@@ -106,7 +106,7 @@ def verify_op(model, V: int, context_len: int, head: Eagle3Head | None = None, b
     dev = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
     ctx = torch.randint(0, model.config.vocab_size, (1, context_len), device=dev)
-    target_forward(model, ctx, torch.arange(context_len, device=dev)[None], cache, hidden_states=False)
+    target_forward(model, ctx, torch.arange(context_len, device=dev)[None], cache, hidden_states=False, last_only=True)
     tree = chain_tree(V, dev)
     if batch > 1:
         repeat_rows(cache, batch)
@@ -186,7 +186,7 @@ def prefill_op(model, head: Eagle3Head, n: int) -> Callable[[], None]:
 
     def run():
         with torch.inference_mode():
-            _, hs = target_forward(model, ids, pos[None], DynamicCache(config=model.config), hidden_states=True)
+            _, hs = target_forward(model, ids, pos[None], DynamicCache(config=model.config), last_only=True)
             feats = head.fuse(hs)                                                         # [1, n, H]
             if n > 1:
                 head(ids[:, 1:], feats[:, : n - 1], pos[: n - 1], logits=False)
