@@ -23,11 +23,12 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	$(PY) -m pip install -q --no-deps $(NODEPS_PKGS) -c $(CONSTRAINTS)
 	touch $(STAMP)
 
-# pytest-xdist workers, a test file each at a time; every worker gives torch its share of the cores
-# (tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
+# pytest-xdist workers, a test file each at a time, handed out longest first (tests/conftest.py's order;
+# xdist's own reorder, by test count, is off); every worker gives torch its share of the cores.
+# TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 demo: setup
 	$(PY) -m online.demo

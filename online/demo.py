@@ -11,9 +11,9 @@
                          the machine states the decoding actually saw)
 
 Each step is the `draftgym` command printed before it runs; every step resumes or overwrites, so
-running the demo twice is safe, and each step prints its own time. Sizes are chosen to finish inside 15 minutes on a
-2-core CPU: 382 s in bf16 on an AMX Xeon (BENCHMARKS.md K3); 894 s in fp32 on an AVX2-only EPYC with 3
-profile repeats, the two profiles 156 s and 133 s of it, hence 2 repeats since (docs/benchmarks/U.md U3).
+running the demo twice is safe, and each step prints its own time. Sizes aim at 15 minutes on a 2-core CPU:
+382 s in bf16 on an AMX Xeon (BENCHMARKS.md K3); 894 and 1064 s in fp32 on an AVX2-only EPYC at 100k LTD
+steps per phase, the training 217-279 s of it, hence 60k since (docs/benchmarks/U.md U3).
 The shipped default head is used when this checkout has one, otherwise a random head.
 """
 from __future__ import annotations
@@ -35,14 +35,13 @@ def main(argv=None) -> int:
     ap.add_argument("--head", default=None, help="default: the shipped head if present, else random")
     ap.add_argument("--verify-sizes", default="1,2,4,8,16,32,60,100,160,240", help="profile: V values")
     ap.add_argument("--contexts", default="32,128,512", help="profile: context lengths")
-    ap.add_argument("--profile-repeats", type=int, default=2,
-                    help="profile and validate's re-profile: timed repeats per (verify size, context) cell")
     ap.add_argument("--datasets", default="mt-bench,humaneval")
     ap.add_argument("--train-prompts", type=int, default=10, help="per dataset, train split (the policy's training logs)")
     ap.add_argument("--test-prompts", type=int, default=3, help="per dataset, test split (held out: evaluate and validate)")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (collect and validate)")
-    ap.add_argument("--ltd-steps", type=int, default=100000,
-                    help="PPO env steps per LTD phase (1M steps take ~6.6 min in bf16 on a 2-core CPU, BENCHMARKS J2)")
+    ap.add_argument("--ltd-steps", type=int, default=60000,
+                    help="PPO env steps per LTD phase (4 phases; 100k steps each took 217-279 s in fp32 on a 2-core "
+                         "AVX2 EPYC, docs/benchmarks/U.md U3)")
     ap.add_argument("--runs", type=int, default=1, help="validate: timed repeats per prompt")
     ap.add_argument("--profile-interleave", type=int, default=1, help="validate: profile rounds between the generations")
     ap.add_argument("--no-ray", action="store_true", help="collect in-process instead of as a Ray job")
@@ -63,7 +62,7 @@ def main(argv=None) -> int:
                          + (["--no-ray"] if args.no_ray else []))
     steps += [
         ["profile", "--model", args.model, "--head", head, "--verify-sizes", args.verify_sizes, "--contexts", args.contexts,
-         "--repeats", str(args.profile_repeats), "--cycle-tokens", "16", "--out", str(logs)] + dt,
+         "--repeats", "3", "--cycle-tokens", "16", "--out", str(logs)] + dt,
         ["train", "--method", "ltd", "--logs", str(logs), "--out", str(policy), "--steps", str(args.ltd_steps),
          "--iters", "0,1", "--action-space", "wide"],   # wide: small trees too (a superset of LTD's 20..240)
         ["profile-policy", "--model", args.model, "--head", head, "--policy", str(policy), "--logs", str(logs)] + dt,
@@ -71,7 +70,7 @@ def main(argv=None) -> int:
         ["validate", "--model", args.model, "--head", head, "--policy", str(policy), "--dataset", args.datasets, "--n-prompts",
          str(args.test_prompts), "--runs", str(args.runs), "--max-new-tokens", str(args.max_new_tokens),
          "--logs", str(logs), "--out", str(report), "--profile-first", "--profile-verify-sizes", args.verify_sizes,
-         "--profile-contexts", args.contexts, "--profile-repeats", str(args.profile_repeats),
+         "--profile-contexts", args.contexts, "--profile-repeats", "3",
          "--profile-interleave", str(args.profile_interleave)] + dt,
     ]
     print(f"DraftGym demo: {args.model} in {dt[1]}, head {head}, output under {out}/", flush=True)

@@ -17,10 +17,18 @@ os.environ["DRAFTGYM_CPU_DTYPE"] = "float32"
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
-# Files that take longest on the 2-core box (docs/benchmarks/U.md U1), longest first. xdist hands the
-# files out in collection order, so these start first and no worker is left alone with one at the end.
-LONGEST_FIRST = ("test_lossless.py", "test_dtype.py", "test_demo.py", "test_sampling.py", "test_collect.py",
-                 "test_validate.py", "test_cluster.py", "test_transfer.py", "test_notebook_sim_vs_real.py")
+# The files that take 8 s or more on the 2-core box, longest first (a serial run's --durations,
+# docs/benchmarks/U.md U1). With --no-loadscope-reorder (Makefile) xdist hands the files out in
+# collection order, the next one to a worker whose queue runs low, so the long ones start first and
+# the end of the queue is short files: no worker is left alone with a long one at the end
+# (longest-processing-time-first scheduling). The files not named follow, as collected.
+LONGEST_FIRST = ("test_lossless.py", "test_demo.py", "test_dtype.py", "test_sampling.py", "test_collect.py",
+                 "test_validate.py", "test_cluster.py", "test_transfer.py", "test_engine.py", "test_batch_cli.py",
+                 "test_batch_engine.py", "test_smollm2.py", "test_notebook_sim_vs_real.py", "test_no_deprecations.py",
+                 "test_architectures.py", "test_serving_plots.py", "test_reanchor.py", "test_train_draft.py",
+                 "test_gpu_check.py", "test_chooser_adapter_learned.py", "test_obs_rich.py", "test_bench_collect.py",
+                 "test_serving_load_methods.py", "test_profile.py", "test_batch_generate.py", "test_query.py",
+                 "test_sim_train.py", "test_sim_online_parity.py", "test_sim_collector_logs.py")
 
 
 def pytest_collection_modifyitems(config, items):
