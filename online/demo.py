@@ -13,7 +13,8 @@
 Each step is the `draftgym` command printed before it runs; every step resumes or overwrites, so
 running the demo twice is safe, and each step prints its own time. Sizes aim at 15 minutes on a 2-core CPU:
 382 s in bf16 on an AMX Xeon (BENCHMARKS.md K3); 894 and 1064 s in fp32 on an AVX2-only EPYC at 100k LTD
-steps per phase, the training 217-279 s of it, hence 60k since (docs/benchmarks/U.md U3).
+steps per phase, the training 217-279 s of it, hence 60k since (docs/benchmarks/U.md U3); 941 s then, 502 s
+of it in three profile rounds, hence 2 contexts and 9 verify sizes per round (docs/benchmarks/V.md V1).
 The shipped default head is used when this checkout has one, otherwise a random head.
 """
 from __future__ import annotations
@@ -29,12 +30,15 @@ from pipeline.decode.head import DEFAULT_HEAD_DIR
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", default="data/demo")
     ap.add_argument("--model", default="smollm2-135m", help="target (the embedded default, or a HF directory / hub id)")
     ap.add_argument("--head", default=None, help="default: the shipped head if present, else random")
-    ap.add_argument("--verify-sizes", default="1,2,4,8,16,32,60,100,160,240", help="profile: V values")
-    ap.add_argument("--contexts", default="32,128,512", help="profile: context lengths")
+    ap.add_argument("--verify-sizes", default="1,2,4,8,16,32,60,100,240",
+                    help="profile: V values (cost is linear in V from 60 up, so 160 is interpolated, within 3-8 %%)")
+    ap.add_argument("--contexts", default="32,512",
+                    help="profile: context lengths (below 512 tokens the CPU's verify cost moves less with c than "
+                         "between two rounds of the same cell, so a middle context bought no information)")
     ap.add_argument("--datasets", default="mt-bench,humaneval")
     ap.add_argument("--train-prompts", type=int, default=10, help="per dataset, train split (the policy's training logs)")
     ap.add_argument("--test-prompts", type=int, default=3, help="per dataset, test split (held out: evaluate and validate)")
