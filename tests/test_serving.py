@@ -25,7 +25,7 @@ from simulator.serving.replay import ShapeTable, closed_batch
 from simulator.serving.schedule import Schedule
 from simulator.serving.sglang_adaptive import AdaptiveTier, SGLangAdaptive, parse_config
 from simulator.serving.sglang_import import latency_rows, read_bench
-from simulator.serving.tune import tune
+from simulator.serving.tune import headroom, tune
 from tests.serving_fixtures import root, logs, lat  # noqa: F401 (pytest fixtures)
 
 
@@ -208,6 +208,17 @@ def test_tune_picks_the_best_shape_per_batch(logs, lat):
     assert np.allclose(res["tau"][:, off], 1.0)
 
 
+def test_headroom_is_the_smallest_worst_shortfall():
+    # B = 1, 4, 16; shapes off, chain 1, chain 4: chain 4 wins at B = 1 by 2x, off at B = 16 by 1.5x;
+    # chain 1 is never more than 1.25x behind (at B = 1: 100 / 80), so it is s*, and no mix of these B
+    # lets a schedule beat it by more than 1.25x
+    res = {"batch_sizes": [1, 4, 16], "shapes": [S.OFF, S.chain(1), S.chain(4)],
+           "tokens_per_s": np.array([[50.0, 80.0, 100.0], [150.0, 160.0, 120.0], [300.0, 280.0, 200.0]])}
+    assert headroom(res) == {"shape": "chain:1", "gap": pytest.approx(1.25), "at_batch": 1}
+    res["tokens_per_s"][0, 1] = 40.0          # chain 1 now 2.5x behind at B = 1, off 2x there: chain 4 (1.5x at B = 16)
+    assert headroom(res) == {"shape": "chain:4", "gap": pytest.approx(1.5), "at_batch": 16}
+
+
 def test_tune_cli(root, w10_root, tmp_path, capsys):
     out = tmp_path / "sched.json"
     assert cli(["tune", "--logs", str(root), "--split", "all", "--batch-sizes", "1,4", "--shapes", "chain",
@@ -215,6 +226,7 @@ def test_tune_cli(root, w10_root, tmp_path, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert [r["batch"] for r in rep["per_batch"]] == [1, 4] and out.exists() and out.with_suffix(".csv").exists()
     assert all(r["x_ar"] >= 1.0 for r in rep["per_batch"])
+    assert rep["headroom"]["gap"] >= 1.0 and rep["headroom"]["at_batch"] in (1, 4)
     assert cli(["tune", "--logs", str(w10_root), "--latency", str(root), "--split", "all", "--shapes", "chain",
                 "--out", str(out)]) == 2
     assert "draftgym: error: no chain shape" in capsys.readouterr().err

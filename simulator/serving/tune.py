@@ -12,6 +12,17 @@ to B_{i+1} - 1, equal neighbours merge). Printed per B: the best shape, its toke
 JSON (--out, with the whole tuning table inside, for exports that need the best expressible shape)
 and the table as CSV beside it (<out>.csv: batch, shape, tokens_per_s, tau, drafts_per_step, x_ar),
 plus a cost-curve plot with --plot.
+
+Printed last, the headroom: how much any per-B schedule can gain over the one shape that is never
+far behind (`headroom`):
+
+    gap(s) = max over B of  best tokens/s(B) / tokens/s(s, B)        s* = argmin over s of gap(s)
+
+At every tuned B the schedule's choice is at most gap(s*) times as fast as s*, so over any mix of
+these batch sizes a schedule beats the single shape s* by at most gap(s*). A headroom near 1 says
+that on this device one static shape is as good as a schedule; the schedule pays where the best
+shape at low B and at high B are far apart (a GPU, whose verify is flat in V until B x V reaches
+its knee).
 """
 from __future__ import annotations
 
@@ -91,6 +102,17 @@ def summary_rows(res: dict) -> list[dict]:
     return out
 
 
+def headroom(res: dict) -> dict:
+    """The single shape s* whose worst shortfall against each B's best is smallest, and that shortfall:
+    {"shape", "gap", "at_batch"} (gap(s) = max_B best(B) / tokens/s(s, B); see the module doc)."""
+    tps = res["tokens_per_s"]                                          # [n, A]
+    gap = tps.max(1, keepdims=True) / np.maximum(tps, 1e-12)          # [n, A]  best(B) / s at B
+    worst = gap.max(0)                                                 # [A]
+    a = int(np.argmin(worst))
+    return {"shape": S.label(res["shapes"][a]), "gap": float(worst[a]),
+            "at_batch": int(res["batch_sizes"][int(np.argmax(gap[:, a]))])}
+
+
 def write_table(res: dict, path: Path) -> Path:
     off = res["shapes"].index(S.OFF)
     with open(path, "w", newline="") as f:
@@ -162,9 +184,9 @@ def run_tune_command(cfg: TuneConfig) -> int:
     table = write_table(res, out.with_suffix(".csv"))
     if cfg.plot:
         plot_curves(res, cfg.plot)
-    rows = summary_rows(res)
+    rows, room = summary_rows(res), headroom(res)
     if cfg.as_json:
-        print(json.dumps({"schedule": sched.to_json()["ranges"], "per_batch": rows, "out": str(out),
+        print(json.dumps({"schedule": sched.to_json()["ranges"], "per_batch": rows, "headroom": room, "out": str(out),
                           "table": str(table), "plot": cfg.plot, "note": note}))
         return 0
     print(f"tuned on {logs.n_sequences} {cfg.split} sequences, {len(res['shapes'])} shapes, latency "
@@ -174,6 +196,9 @@ def run_tune_command(cfg: TuneConfig) -> int:
         print(f"{r['batch']:>5}  {r['best']:<16} {r['tokens_per_s']:>10.1f} {r['x_ar']:>6.2f} "
               f"{(r['x_second'] or float('nan')):>6.3f}  {r['second']}")
     print("schedule: " + ", ".join(f"B {b} -> {s}" for b, s in sched.table()))
+    print(f"headroom: at every tuned B the best shape is within {room['gap']:.3f}x of {room['shape']} (furthest at "
+          f"B = {room['at_batch']}), so over any mix of these batch sizes a schedule gains at most {room['gap']:.3f}x "
+          f"over {room['shape']} alone")
     print(f"wrote {out} and {table}" + (f" and {cfg.plot}" if cfg.plot else ""))
     if note:
         print("note: " + note)
