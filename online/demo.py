@@ -9,6 +9,10 @@
                          (--profile-first: re-profiled right before decoding, and --profile-interleave:
                          once more between the generations, so the simulator's prediction is timed on
                          the machine states the decoding actually saw)
+  and, for serving at load (--batch-sizes; docs/serving.md):
+    profile              the batched engine's step costs at B = 1, 4, 16 (small trees: what pays at B > 1)
+    tune                 the best shape at each B in replay, merged into a schedule, and its headroom
+    export               that schedule as vLLM's speculative_config (the best chain where a tree won)
 
 Each step is the `draftgym` command printed before it runs; every step resumes or overwrites, so
 running the demo twice is safe, and each step prints its own time. Sizes aim at 15 minutes on a 2-core CPU:
@@ -47,6 +51,10 @@ def main(argv=None) -> int:
                     help="PPO env steps per LTD phase (4 phases; 100k steps each took 217-279 s in fp32 on a 2-core "
                          "AVX2 EPYC, docs/benchmarks/U.md U3)")
     ap.add_argument("--runs", type=int, default=1, help="validate: timed repeats per prompt")
+    ap.add_argument("--batch-sizes", default="1,4,16",
+                    help="serving steps: batch sizes to profile and tune a schedule at ('none': skip them)")
+    ap.add_argument("--serving-verify-sizes", default="1,2,4,8", help="serving steps: V values profiled at each B")
+    ap.add_argument("--serving-context", type=int, default=128, help="serving steps: the context length profiled")
     ap.add_argument("--profile-interleave", type=int, default=1, help="validate: profile rounds between the generations")
     ap.add_argument("--no-ray", action="store_true", help="collect in-process instead of as a Ray job")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
@@ -56,7 +64,7 @@ def main(argv=None) -> int:
     dt = ["--dtype", resolve_dtype_name(args.dtype)]     # resolved once: every step uses the same dtype
     head = args.head or ("default" if (DEFAULT_HEAD_DIR / "config.json").is_file() else "random")
     out = Path(args.out)
-    logs, policy, report = out / "logs", out / "policies" / "ltd", out / "report"
+    logs, policy, report, serving = out / "logs", out / "policies" / "ltd", out / "report", out / "serving"
     t0 = time.perf_counter()
     steps = []
     for ds in args.datasets.split(","):
@@ -77,8 +85,23 @@ def main(argv=None) -> int:
          "--profile-contexts", args.contexts, "--profile-repeats", "3",
          "--profile-interleave", str(args.profile_interleave)] + dt,
     ]
+    if args.batch_sizes != "none":
+        schedule = serving / "schedule.json"
+        steps += [
+            ["profile", "--model", args.model, "--head", head, "--batch-sizes", args.batch_sizes, "--verify-sizes",
+             args.serving_verify_sizes, "--contexts", str(args.serving_context), "--prefill-lengths", "none",
+             "--repeats", "2", "--cycle-tokens", "16", "--out", str(serving)] + dt,
+            ["tune", "--logs", str(logs), "--latency", str(serving), "--split", "train", "--batch-sizes", args.batch_sizes,
+             "--out", str(schedule), "--plot", str(serving / "schedule.png")],
+            ["export", "--schedule", str(schedule), "--format", "vllm", "--best-expressible",
+             "--out", str(serving / "vllm_speculative_config.json")],
+        ]
     print(f"DraftGym demo: {args.model} in {dt[1]}, head {head}, output under {out}/", flush=True)
     for i, cmd in enumerate(steps, 1):
+        if cmd[0] == "export" and never_speculates(cmd[cmd.index("--schedule") + 1]):
+            print(f"\n[{i}/{len(steps)}] export: skipped, the schedule never speculates (AR is the fastest at every tuned B "
+                  f"here); a served engine runs without a speculative config", flush=True)
+            continue
         print(f"\n[{i}/{len(steps)}] draftgym {shlex.join(cmd)}", flush=True)
         ts = time.perf_counter()
         rc = draftgym(cmd)
@@ -86,8 +109,16 @@ def main(argv=None) -> int:
         if rc != 0:
             print(f"demo: step {i} failed (exit {rc})", file=sys.stderr)
             return rc
-    print(f"\ndemo finished in {time.perf_counter() - t0:.0f} s; report: {report / 'report.md'}")
+    print(f"\ndemo finished in {time.perf_counter() - t0:.0f} s; report: {report / 'report.md'}"
+          + ("" if args.batch_sizes == "none" else f"; schedule: {serving / 'schedule.json'} ({serving / 'schedule.png'})"))
     return 0
+
+
+def never_speculates(schedule_path: str) -> bool:
+    """Whether `draftgym tune` chose off (AR) at every batch size: there is then no engine config to export."""
+    from simulator.serving.schedule import Schedule, is_off_everywhere
+
+    return is_off_everywhere(Schedule.load(schedule_path))
 
 
 if __name__ == "__main__":

@@ -306,6 +306,23 @@ def test_export_vllm(tmp_path):
         ex.to_vllm(Schedule([(1, 4, S.OFF)]), None)
 
 
+def test_export_takes_a_one_draft_tree_as_chain_1(tmp_path):
+    # logs of width 10 only (no chains tuned): (1, 10, 2) verifies one draft, the top-1, as chain 1 does
+    one = (1, 10, 2)
+    direct, _ = _tuned(tmp_path, [(1, 3, one), (4, 16, S.OFF)], [S.OFF, one], [[1, 2], [2, 1]])
+    cfg, notes = ex.to_vllm(direct, None)
+    assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 3, 1], [4, 16, 0]] and "as chain 1" in notes[0]
+    # a deeper tree at B 1-3 in a width-10 table: the best runnable shape there is the one-draft tree
+    tree, _ = _tuned(tmp_path, [(1, 3, (3, 10, 8)), (4, 16, one)], [S.OFF, one, (3, 10, 8)],
+                     [[1, 2, 3], [2, 3, 1]])
+    with pytest.raises(DataError, match="vLLM cannot run tree:3,10,8"):
+        ex.to_vllm(tree, None)
+    cfg, notes = ex.to_vllm(tree, None, best=True)
+    ex.check_vllm(cfg)
+    assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 16, 1]] and "tree:3,10,8 -> tree:1,10,2" in notes[0]
+    assert not ex.one_draft((2, 10, 3)) and not ex.one_draft(S.OFF) and ex.one_draft((1, 4, 2))
+
+
 def test_export_sglang_static_and_adaptive(tmp_path):
     flags, notes = ex.to_sglang_static(Schedule([(1, 8, (3, 4, 10))]), "h")
     f = dict(zip(flags[::2], flags[1::2]))

@@ -101,12 +101,32 @@ def check_sglang_adaptive(obj: dict) -> None:
 
 # ------------------------------------------------------------------ what each engine can run
 
-def expressible(schedule: Schedule, allowed, engine: str, best: bool) -> tuple[Schedule, list[str]]:
-    """The schedule if every shape passes `allowed`; else refuse, or (best) swap each tuned B's
-    shape for its best allowed one and merge again."""
-    bad = [(lo, hi, s) for lo, hi, s in schedule.ranges if not allowed(s)]
-    if not bad:
+def one_draft(shape) -> bool:
+    """A depth-1 tree that verifies one draft, (1, W, 2): one draft forward, its top-1 token verified,
+    which is what chain 1 runs whatever W (the other W - 1 candidates are dropped before the verify)."""
+    d, _, v = S.canonical(shape)
+    return d == 1 and v == 2
+
+
+def as_chain_one(schedule: Schedule) -> tuple[Schedule, list[str]]:
+    """Each (1, W, 2) range of the schedule as chain 1 (one_draft), with a note per shape changed."""
+    if not any(one_draft(s) and s != S.chain(1) for _, _, s in schedule.ranges):
         return schedule, []
+    notes = sorted({f"{S.label(s)} drafts and verifies one token, as chain 1 does: exported as chain 1"
+                    for _, _, s in schedule.ranges if one_draft(s) and s != S.chain(1)})
+    ranges = [(lo, hi, S.chain(1) if one_draft(s) else s) for lo, hi, s in schedule.ranges]
+    merged = Schedule.from_choices([lo for lo, _, _ in ranges], [s for _, _, s in ranges], max_batch=ranges[-1][1],
+                                   tuning=schedule.tuning, meta=schedule.meta)
+    return merged, notes
+
+
+def expressible(schedule: Schedule, allowed, engine: str, best: bool) -> tuple[Schedule, list[str]]:
+    """The schedule if every shape passes `allowed` (a one-draft tree counts as chain 1: one_draft);
+    else refuse, or (best) swap each tuned B's shape for its best allowed one and merge again."""
+    runs = lambda s: allowed(s) or one_draft(s)
+    bad = [(lo, hi, s) for lo, hi, s in schedule.ranges if not runs(s)]
+    if not bad:
+        return as_chain_one(schedule)
     lo, hi, s = bad[0]
     if not best:
         raise DataError(f"{engine} cannot run {S.label(s)} (batch {lo}-{hi}): {_why(engine)}; "
@@ -114,11 +134,12 @@ def expressible(schedule: Schedule, allowed, engine: str, best: bool) -> tuple[S
     if not schedule.tuning:
         schedule.best_at(1, allowed)                              # raises: no tuning table
     bs = schedule.tuning["batch_sizes"]
-    new = [schedule.shape_for(b) if allowed(schedule.shape_for(b)) else schedule.best_at(b, allowed) for b in bs]
+    new = [schedule.shape_for(b) if runs(schedule.shape_for(b)) else schedule.best_at(b, runs) for b in bs]
     out = Schedule.from_choices(bs, new, max_batch=schedule.max_batch, tuning=schedule.tuning, meta=schedule.meta)
     notes = [f"batch {b}: {S.label(schedule.shape_for(b))} -> {S.label(n)} (best {engine} can run)"
              for b, n in zip(bs, new) if n != schedule.shape_for(b)]
-    return out, notes
+    out, more = as_chain_one(out)
+    return out, notes + more
 
 
 def _why(engine: str) -> str:
