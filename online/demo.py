@@ -18,7 +18,8 @@ Each step is the `draftgym` command printed before it runs; every step resumes o
 running the demo twice is safe, and each step prints its own time. Sizes aim at 15 minutes on a 2-core CPU:
 382 s in bf16 on an AMX Xeon (BENCHMARKS.md K3); 894 and 1064 s in fp32 on an AVX2-only EPYC at 100k LTD
 steps per phase, the training 217-279 s of it, hence 60k since (docs/benchmarks/U.md U3); 941 s then, 502 s
-of it in three profile rounds, hence 2 contexts and 9 verify sizes per round (docs/benchmarks/V.md V1).
+of it in three profile rounds, hence 2 contexts and 9 verify sizes per round: 727 s (V.md V1), 814 s with
+the serving steps (28 s of it) in a slower hour (V5).
 The shipped default head is used when this checkout has one, otherwise a random head.
 """
 from __future__ import annotations
