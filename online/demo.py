@@ -66,6 +66,7 @@ def main(argv=None) -> int:
     head = args.head or ("default" if (DEFAULT_HEAD_DIR / "config.json").is_file() else "random")
     out = Path(args.out)
     logs, policy, report, serving = out / "logs", out / "policies" / "ltd", out / "report", out / "serving"
+    schedule = serving / "schedule.json"
     t0 = time.perf_counter()
     steps = []
     for ds in args.datasets.split(","):
@@ -87,7 +88,6 @@ def main(argv=None) -> int:
          "--profile-interleave", str(args.profile_interleave)] + dt,
     ]
     if args.batch_sizes != "none":
-        schedule = serving / "schedule.json"
         steps += [
             ["profile", "--model", args.model, "--head", head, "--batch-sizes", args.batch_sizes, "--verify-sizes",
              args.serving_verify_sizes, "--contexts", str(args.serving_context), "--prefill-lengths", "none",
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         ]
     print(f"DraftGym demo: {args.model} in {dt[1]}, head {head}, output under {out}/", flush=True)
     for i, cmd in enumerate(steps, 1):
-        if cmd[0] == "export" and never_speculates(cmd[cmd.index("--schedule") + 1]):
+        if cmd[0] == "export" and never_speculates(schedule):
             print(f"\n[{i}/{len(steps)}] export: skipped, the schedule never speculates (AR is the fastest at every tuned B "
                   f"here); a served engine runs without a speculative config", flush=True)
             continue
@@ -111,11 +111,11 @@ def main(argv=None) -> int:
             print(f"demo: step {i} failed (exit {rc})", file=sys.stderr)
             return rc
     print(f"\ndemo finished in {time.perf_counter() - t0:.0f} s; report: {report / 'report.md'}"
-          + ("" if args.batch_sizes == "none" else f"; schedule: {serving / 'schedule.json'} ({serving / 'schedule.png'})"))
+          + ("" if args.batch_sizes == "none" else f"; schedule: {schedule} ({serving / 'schedule.png'})"))
     return 0
 
 
-def never_speculates(schedule_path: str) -> bool:
+def never_speculates(schedule_path) -> bool:
     """Whether `draftgym tune` chose off (AR) at every batch size: there is then no engine config to export."""
     from simulator.serving.schedule import Schedule, is_off_everywhere
 

@@ -110,10 +110,10 @@ def one_draft(shape) -> bool:
 
 def as_chain_one(schedule: Schedule) -> tuple[Schedule, list[str]]:
     """Each (1, W, 2) range of the schedule as chain 1 (one_draft), with a note per shape changed."""
-    if not any(one_draft(s) and s != S.chain(1) for _, _, s in schedule.ranges):
-        return schedule, []
     notes = sorted({f"{S.label(s)} drafts and verifies one token, as chain 1 does: exported as chain 1"
                     for _, _, s in schedule.ranges if one_draft(s) and s != S.chain(1)})
+    if not notes:
+        return schedule, []
     ranges = [(lo, hi, S.chain(1) if one_draft(s) else s) for lo, hi, s in schedule.ranges]
     merged = Schedule.from_choices([lo for lo, _, _ in ranges], [s for _, _, s in ranges], max_batch=ranges[-1][1],
                                    tuning=schedule.tuning, meta=schedule.meta)
