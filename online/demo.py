@@ -99,9 +99,9 @@ def main(argv=None) -> int:
         ]
     print(f"DraftGym demo: {args.model} in {dt[1]}, head {head}, output under {out}/", flush=True)
     for i, cmd in enumerate(steps, 1):
-        if cmd[0] == "export" and never_speculates(schedule):
-            print(f"\n[{i}/{len(steps)}] export: skipped, the schedule never speculates (AR is the fastest at every tuned B "
-                  f"here); a served engine runs without a speculative config", flush=True)
+        if cmd[0] == "export" and not vllm_speculates(schedule):
+            print(f"\n[{i}/{len(steps)}] export: skipped, vLLM would never speculate (AR beats every chain it can run at "
+                  f"every tuned B here); serve without a speculative config", flush=True)
             continue
         print(f"\n[{i}/{len(steps)}] draftgym {shlex.join(cmd)}", flush=True)
         ts = time.perf_counter()
@@ -115,11 +115,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def never_speculates(schedule_path) -> bool:
-    """Whether `draftgym tune` chose off (AR) at every batch size: there is then no engine config to export."""
+def vllm_speculates(schedule_path) -> bool:
+    """Whether the schedule, as vLLM can run it (export --best-expressible: each tuned B's best chain), drafts
+    at some batch size; if not (AR everywhere, or every shape that beat AR a tree), there is nothing to export."""
+    from simulator.serving import shapes as S
+    from simulator.serving.export import expressible
     from simulator.serving.schedule import Schedule, is_off_everywhere
 
-    return is_off_everywhere(Schedule.load(schedule_path))
+    return not is_off_everywhere(expressible(Schedule.load(schedule_path), S.is_chain, "vLLM", best=True)[0])
 
 
 if __name__ == "__main__":

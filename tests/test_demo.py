@@ -43,8 +43,24 @@ def test_demo_chain_tiny(tmp_path, tiny_model_dir, capsys, dtype):
         assert sched["ranges"][0]["batch"][0] == 1 and sched["ranges"][-1]["batch"][1] == 16
         assert sched["meta"]["split"] == "train" and sched["tuning"]["batch_sizes"] == [1, 4, 16]
         assert "headroom: " in printed
-        if all(r["shape"] == "off" for r in sched["ranges"]):        # a random head: nothing is accepted
-            assert "[12/12] export: skipped, the schedule never speculates" in printed
-        else:
-            vllm = json.loads((out / "serving" / "vllm_speculative_config.json").read_text())
-            assert "num_speculative_tokens_per_batch_size" in json.dumps(vllm) and "[12/12] draftgym export" in printed
+        vllm = out / "serving" / "vllm_speculative_config.json"
+        if demo.vllm_speculates(out / "serving" / "schedule.json"):
+            assert "num_speculative_tokens_per_batch_size" in vllm.read_text() and "[12/12] draftgym export" in printed
+        else:                                 # a random head: AR (or a tree vLLM cannot run) wins at every B
+            assert "[12/12] export: skipped, vLLM would never speculate" in printed and not vllm.exists()
+        if all(r["shape"] == "off" for r in sched["ranges"]):
+            assert not demo.vllm_speculates(out / "serving" / "schedule.json")
+
+
+def test_vllm_speculates_reads_the_schedule_as_vllm_runs_it(tmp_path):
+    # the case CI met: tune picks a tree at B = 1, but AR beats every shape vLLM can run there (the
+    # one-draft tree (1, 10, 2)), so the best-expressible export would never speculate: the demo skips it
+    from simulator.serving.schedule import Schedule
+
+    tuning = {"batch_sizes": [1, 4], "shapes": ["off", "tree:1,10,2", "tree:1,10,4"],
+              "tokens_per_s": [[100.0, 99.0, 101.0], [300.0, 200.0, 150.0]]}
+    tree_wins = Schedule([(1, 3, (1, 10, 4)), (4, 16, (0, 1, 1))], tuning=tuning).save(tmp_path / "a.json")
+    assert not demo.vllm_speculates(tree_wins)
+    tuning["tokens_per_s"][0][1] = 100.5                  # the one-draft tree now beats AR at B = 1: K = 1 there
+    chain_wins = Schedule([(1, 3, (1, 10, 4)), (4, 16, (0, 1, 1))], tuning=tuning).save(tmp_path / "b.json")
+    assert demo.vllm_speculates(chain_wins)
