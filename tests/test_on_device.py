@@ -7,7 +7,8 @@ differ from the CPU's. Each test is what the GPU could break:
 - the engine: greedy EAGLE-3 output equals AR output in fp32, for trees, chains and V = 1;
 - lossless in bf16: every divergence from AR is a rounding near-tie (pipeline/decode/lossless.py);
 - timing: a DeviceClock read returns only after the device has run everything queued, and the
-  engine's per-cycle times add up inside the cycle;
+  engine's per-cycle times add up inside the cycle; on CUDA, a draft level costs about the same at
+  depth 5 as at depth 2 (the SDPA kernels chosen: cuDNN's re-planning made deep drafts dear);
 - batched generation: every row equals batch-1 AR (fp32), or parts from it at a near-tie (bf16);
 - the head forward in bf16: close to the fp32 forward, the KVBuffer path equal to the
   concatenated past, grouped-query attention equal to SDPA over repeated keys.
@@ -106,6 +107,24 @@ def test_cycle_times_add_up(device):
         assert c.t_draft > 0 and c.t_verify > 0 and c.t_controller >= 0
         assert c.t_draft + c.t_verify + c.t_controller <= c.t_cycle * (1 + 1e-9)
     assert sum(c.t_cycle for c in res.cycles) <= res.wall_s
+
+
+def test_draft_level_cost_does_not_grow_with_depth(device):
+    """The SDPA kernels chosen (pipeline/runtime/attention_backends.py): a draft level costs about the
+    same at every depth. cuDNN's attention, torch's default on Hopper, re-planned for every new key
+    span and made an H100's depth-8 draft 21x its chosen-kernel cost; per level, a depth-5 draft must
+    cost at most 3x a depth-2 draft. Timed on CUDA only (the suite times nothing on a CPU)."""
+    if device.type != "cuda":
+        pytest.skip("a timing check for CUDA devices (online.gpu_check runs it)")
+    model = tiny(device, torch.bfloat16, vocab=256)
+    eng = Engine(model, random_head(model, seed=2))
+    prompt = prompts(1, 256, seed=5)[0] * 20                     # up to 260 tokens of context
+    per_level = {}
+    for depth in (2, 5):
+        eng.generate(prompt, 8, controller=StaticController(depth, 10, 30))              # warm-up
+        cycles = eng.generate(prompt, 48, controller=StaticController(depth, 10, 30)).cycles
+        per_level[depth] = sorted(c.t_draft / c.depth for c in cycles)[len(cycles) // 2]
+    assert per_level[5] <= 3 * per_level[2], per_level
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -62,6 +62,7 @@ from pipeline.decode.tree import log_softmax32
 from pipeline.decode.verify import sample_token, target_forward
 from pipeline.errors import DraftGymError
 from pipeline.runtime.clock import DeviceClock
+from pipeline.runtime.attention_backends import choose_attention
 from pipeline.runtime.cpu_linear import pack_linears
 
 __all__ = ["BatchEngine", "BatchResult", "RowCycle", "RowResult"]
@@ -111,9 +112,10 @@ class BatchEngine:
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
         arch.check_target(model)                # a cache the engine cannot compact is refused (as Engine)
-        pack_linears(model)                     # as Engine: the batch-1 and batch-B engines share kernels
-        if head is not None:
-            pack_linears(head)
+        for m in (model, head):                 # as Engine: the batch-1 and batch-B engines share kernels
+            if m is not None:
+                pack_linears(m)
+                choose_attention(m)             # the SDPA kernels, as Engine (pipeline/runtime/attention_backends.py)
         self.model, self.head = model, head
         self.eos = set(eos_token_ids or ())
         self.device = next(model.parameters()).device

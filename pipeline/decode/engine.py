@@ -22,6 +22,7 @@ import torch
 
 from pipeline.decode import arch
 from pipeline.decode.controller import Controller, CycleContext, CycleRecord, StaticController, TreeShape
+from pipeline.runtime.attention_backends import choose_attention
 from pipeline.runtime.cpu_linear import pack_linears
 from pipeline.decode.draft import DraftKV, expand_tree
 from pipeline.errors import DraftGymError
@@ -79,6 +80,11 @@ class Engine:
         pack_linears(model)
         if head is not None:
             pack_linears(head)
+        # every target and head forward runs on the SDPA kernels chosen in pipeline/runtime/attention_backends.py
+        # (cuDNN's, PyTorch's first choice on Hopper, re-plans for every new shape: 9-20x slower drafts)
+        for m in (model, head):
+            if m is not None:
+                choose_attention(m)
         self.model = model
         self.head = head
         self.eos = set(eos_token_ids or ())

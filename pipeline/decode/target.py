@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from pipeline.decode.attention import use_grouped_attention
+from pipeline.runtime.attention_backends import choose_attention
 from pipeline.errors import DraftGymError, first_line
 from pipeline.runtime.cache import cache_dir
 
@@ -233,6 +234,7 @@ def load_target(name_or_path: str = EMBEDDED_DEFAULT, device: str | torch.device
     for prm in model.parameters():
         prm.requires_grad_(False)
     use_grouped_attention(model)              # CPU: grouped K/V under masks, no per-head copy (attention.py)
+    choose_attention(model)                   # the SDPA kernels every forward may use (runtime/attention_backends.py)
     return Target(model=model, tokenizer=tokenizer, model_id=name_or_path)
 
 

@@ -65,6 +65,8 @@ class PackedLinear(nn.Module):
 
     def _pack(self) -> torch.Tensor:
         w = self.weight
+        if torch.compiler.is_compiling() and self._packed is not None:
+            return self._packed        # traced (torch.compile): the copy packed by the eager warm-up call
         key = (w.data_ptr(), w._version)
         if self._packed_key != key:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)

@@ -8,6 +8,8 @@ from functools import lru_cache
 
 import torch
 
+from pipeline.runtime.attention_backends import label as attention_label
+
 
 @lru_cache(maxsize=None)
 def _git_commit(here: str | None = None) -> str | None:
@@ -38,7 +40,9 @@ def device_name(device: torch.device | str | None = None, dtype: torch.dtype | s
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     suffix = f" [{dtype_name(dtype)}]" if dtype is not None else ""
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device) + suffix
+        # the SDPA kernels change a GPU's cost curve by up to 20x (pipeline/runtime/attention_backends.py),
+        # so a GPU profile names them; a CPU's choice is torch's own flash / math either way
+        return f"{torch.cuda.get_device_name(device)} ({attention_label()}){suffix}"
     proc = platform.processor() or platform.machine()
     from pipeline.runtime.cpu_linear import backend_name
     # the linear backend changes both the speed and the fp32 rounding, so profiles and logs name it;
@@ -71,6 +75,7 @@ def environment_fingerprint(device: torch.device | str | None = None, dtype: tor
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,
+        "attention": attention_label(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "draftgym_commit": _git_commit(),
