@@ -14,6 +14,10 @@ the same functions `draftgym profile` times with, pipeline/profiling/timed_ops.p
     break-even tau = t_cycle / ar_step: the mean accepted length (L + 1) a head must reach for that
     tree to match AR's speed on this device; with a trained head, speedup = tau / break-even tau.
 
+    weight_read_bound  bytes of the target's weights / the GPU's datasheet bandwidth
+                 (pipeline/runtime/bandwidth.py): the least an AR step can take at batch 1; every AR
+                 step (batch 1 and batch B) is also given as a multiple of it (x_bound)
+
 Batch B (each B a separate call, all rows of one prompt length, no EOS, after a warm-up call):
 
     ar_batch     AR decode step at batch B from `generate_batch` (the collection's slot cache):
@@ -34,6 +38,7 @@ import torch
 from pipeline.errors import first_line
 from pipeline.profiling.profile import stats_of
 from pipeline.profiling.timed_ops import draft_op, time_op, verify_op
+from pipeline.runtime.bandwidth import weight_read_bound
 from pipeline.runtime.clock import DeviceClock
 
 WARMUP = 2
@@ -92,9 +97,16 @@ def profile_latency(cfg, deadline: float, model, head) -> dict:
     batched_ar = guarded(lambda: ar_batch_steps(model, cfg, deadline, prompt), more)
     spec = guarded(lambda: spec_batch_steps(model, head, cfg, deadline, prompt), more)
     complete = complete and batched_ar["status"] == spec["status"] == "ok"
+    bound = weight_read_bound(model)
+    for o in ops:                                   # each AR step as a multiple of the weight-read bound
+        if o["op"] == "ar_step" and bound["bound_ms"]:
+            o["x_bound"] = o["median"] / bound["bound_ms"]
+    for r in batched_ar.get("rows", []):
+        if r.get("step_ms") and bound["bound_ms"]:
+            r["x_bound"] = r["step_ms"] / bound["bound_ms"]
     return {"status": "ok" if complete else "partial",
             "reason": None if complete else "time budget or a failed batch table: some rows left out",
-            "device": device_name(dev, dtype_name(next(model.parameters()).dtype)),
+            "device": device_name(dev, dtype_name(next(model.parameters()).dtype)), "weight_read_bound": bound,
             "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
             "target": cfg.target, "dtype": cfg.dtype, "head_draft_vocab": head.cfg.draft_vocab_size,
             "ops": ops, "cycles": cycles, "ar_batch": batched_ar, "spec_batch": spec}

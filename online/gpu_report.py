@@ -82,6 +82,14 @@ def render_markdown(rep: dict) -> str:
         lines += _table(["op", "context", "W", "V", "median", "p10", "p90", "n"],
                         [[o["op"], o["context"], _f(o["W"], "{}"), _f(o["V"], "{}"), _f(o["median"], "{:.3f}"),
                           _f(o["p10"], "{:.3f}"), _f(o["p90"], "{:.3f}"), o["n"]] for o in lat["ops"]])
+    bound = lat.get("weight_read_bound") or {}
+    if bound.get("bound_ms"):
+        ar = [o for o in lat.get("ops", []) if o["op"] == "ar_step" and o.get("x_bound")]
+        lines += [f"Weight-read bound: {bound['weight_bytes'] / 1e9:.2f} GB of weights / {bound['bandwidth_tbs']:g} TB/s "
+                  f"({bound['source']}) = **{bound['bound_ms']:.2f} ms** per step at batch 1; the AR step is "
+                  + ", ".join(f"{o['x_bound']:.2f}x it at context {o['context']}" for o in ar) + ".", ""]
+    elif bound:
+        lines += [f"Weight-read bound: {bound['weight_bytes'] / 1e9:.3f} GB of weights; no bound ({bound['source']}).", ""]
     if lat.get("cycles"):
         lines += ["Whole cycles of static trees in real decoding (ms, medians; break-even tau = t_cycle / AR step):", ""]
         lines += _table(["tree (D, W, V)", "context", "cycles", "t_draft", "t_verify", "t_controller", "t_cycle",
@@ -92,8 +100,8 @@ def render_markdown(rep: dict) -> str:
     arb = lat.get("ar_batch") or {}
     if arb.get("rows"):
         lines += ["AR decode step by batch size (`generate_batch`, the collection's slot cache):", ""]
-        lines += _table(["B", "context", "step (ms)", "tokens/s"],
-                        [[b["B"], b["context"], _f(b["step_ms"]), _f(b["tokens_per_s"], "{:.0f}")]
+        lines += _table(["B", "context", "step (ms)", "tokens/s", "x weight-read bound"],
+                        [[b["B"], b["context"], _f(b["step_ms"]), _f(b["tokens_per_s"], "{:.0f}"), _f(b.get("x_bound"))]
                          for b in arb["rows"]])
     elif arb:
         lines += [f"AR decode step by batch size: {arb.get('status')} ({arb.get('reason')}).", ""]

@@ -23,7 +23,7 @@ from pipeline.runtime.fingerprint import environment_fingerprint
 from tests.conftest import make_tiny_llama
 
 
-def _flags() -> tuple[str, ...]:
+def _flags() -> tuple:
     b = torch.backends.cuda
     return tuple(n for n, on in (("flash", b.flash_sdp_enabled()), ("efficient", b.mem_efficient_sdp_enabled()),
                                  ("math", b.math_sdp_enabled()), ("cudnn", b.cudnn_sdp_enabled())) if on)
@@ -50,7 +50,7 @@ def models():
 
 def test_every_target_and_head_forward_runs_on_the_chosen_kernels(models, monkeypatch):
     model, head = models
-    before = _flags()
+    before, priority = _flags(), torch._C._get_sdp_priority_order()
     assert "cudnn" in before                      # torch's default allows it: the choice is ours to make
     eng, beng = Engine(model, head), BatchEngine(model, head)
     with sdpa_calls(monkeypatch) as seen:
@@ -59,7 +59,7 @@ def test_every_target_and_head_forward_runs_on_the_chosen_kernels(models, monkey
         beng.generate([[1, 2, 3], [4, 5, 6, 7, 8]], 12, batch_size=2, controller=StaticBatchController(StepShape(3, 2, 6)))
     assert len(seen) > 40                         # target layers and head levels, both engines
     assert set(seen) == {ab.DEFAULT}              # flash, efficient, math on; cuDNN off, at every call
-    assert _flags() == before                     # restored after each forward
+    assert _flags() == before and torch._C._get_sdp_priority_order() == priority    # restored after each forward
 
 
 def test_the_flags_come_back_when_a_forward_raises(models):
