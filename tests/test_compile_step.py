@@ -23,6 +23,7 @@ from pipeline.decode.batch_verify import (TreeBatch, accept_greedy_batch, commit
                                           verify_forward)
 from pipeline.decode.draft import expand_tree
 from pipeline.decode.head import random_head
+from pipeline.runtime.attention_backends import attention_backends
 from tests.conftest import make_tiny_llama
 
 A, S, SPAN = 3, 48, 24
@@ -51,7 +52,13 @@ def _state(model, head, seed=5):
 
 
 def _compiled(fn):
-    return torch.compile(fn, fullgraph=True, backend="eager")
+    """fn traced whole, under the chosen SDPA kernels (the hooks stand aside while Dynamo traces)."""
+    graph = torch.compile(fn, fullgraph=True, backend="eager")
+
+    def run(*args, **kwargs):
+        with attention_backends():
+            return graph(*args, **kwargs)
+    return run
 
 
 @torch.inference_mode()

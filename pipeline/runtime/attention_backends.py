@@ -23,7 +23,7 @@ cudnn), e.g. `DRAFTGYM_SDPA=cudnn,flash,math` to measure cuDNN again after a tor
 
 How. `choose_attention(module)` hooks the module (the target CausalLM, the EAGLE-3 head), so every
 forward of it, from any caller (engines, collection, profiling, training), runs inside
-`torch.nn.attention.sdpa_kernel(<the list>, set_priority=True)`; the global flags are restored when
+the switches `torch.nn.attention.sdpa_kernel(<the list>, set_priority=True)` sets; the global flags are restored when
 the forward returns or raises. Inside a torch.compile trace the hooks do nothing: the caller runs
 the compiled step under `attention_backends()` instead, and the trace takes the flags it sees.
 The choice is recorded in the environment fingerprint (`attention`) and, on CUDA, in the device
@@ -31,10 +31,11 @@ string that keys latency profiles (`pipeline.runtime.fingerprint.device_name`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 from pipeline.errors import DraftGymError
 
@@ -42,7 +43,7 @@ ENV = "DRAFTGYM_SDPA"
 KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
            "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}
 DEFAULT = ("flash", "efficient", "math")
-_STACK = "_draftgym_sdpa_stack"          # per module: the open sdpa_kernel contexts of running forwards
+_STACK = "_draftgym_sdpa_stack"          # per module: the flags to restore, one per running forward
 
 
 def chosen() -> tuple[str, ...]:
@@ -63,9 +64,15 @@ def label() -> str:
     return "sdpa " + ">".join(chosen())
 
 
+@contextlib.contextmanager
 def attention_backends():
-    """Context: SDPA may use the chosen kernels only, tried in that order."""
-    return sdpa_kernel([KERNELS[n] for n in chosen()], set_priority=True)
+    """Context: SDPA may use the chosen kernels only, tried in that order (for a compiled step, whose
+    trace takes the flags it sees; the hooks below do the same around every eager forward)."""
+    previous = _set_chosen()
+    try:
+        yield
+    finally:
+        _restore(previous)
 
 
 def _enter(module, args):
