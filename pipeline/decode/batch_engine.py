@@ -57,13 +57,12 @@ from pipeline.decode.batch_verify import (TreeBatch, accept_greedy_batch, accept
 from pipeline.decode.controller import (BatchController, BatchStepContext, StaticBatchController, StepRecord,
                                         StepShape)
 from pipeline.decode.draft import expand_tree
+from pipeline.decode.engine import prepare_modules
 from pipeline.decode.head import Eagle3Head
 from pipeline.decode.tree import log_softmax32
 from pipeline.decode.verify import sample_token, target_forward
 from pipeline.errors import DraftGymError
 from pipeline.runtime.clock import DeviceClock
-from pipeline.runtime.attention_backends import choose_attention
-from pipeline.runtime.cpu_linear import pack_linears
 
 __all__ = ["BatchEngine", "BatchResult", "RowCycle", "RowResult"]
 
@@ -111,11 +110,7 @@ class BatchEngine:
     """EAGLE-3 (and AR) generation for one target + one head, B prompts at a time."""
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
-        arch.check_target(model)                # a cache the engine cannot compact is refused (as Engine)
-        for m in (model, head):                 # as Engine: the batch-1 and batch-B engines share kernels
-            if m is not None:
-                pack_linears(m)
-                choose_attention(m)             # the SDPA kernels, as Engine (pipeline/runtime/attention_backends.py)
+        prepare_modules(model, head)            # as Engine: the batch-1 and batch-B engines share kernels
         self.model, self.head = model, head
         self.eos = set(eos_token_ids or ())
         self.device = next(model.parameters()).device

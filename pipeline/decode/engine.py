@@ -69,22 +69,26 @@ class GenerationResult:
         return [asdict(c) for c in self.cycles]
 
 
+def prepare_modules(model, head: Eagle3Head | None) -> None:
+    """What both engines (this one and pipeline/decode/batch_engine.py) do to the target and the head
+    first, so AR and EAGLE-3 at every batch size run the same kernels:
+    - refuse a target whose cache the engines cannot compact (pipeline/decode/arch.py);
+    - on a CPU in fp32, run the linears on oneDNN with packed weights (pipeline/runtime/cpu_linear.py:
+      MKL's few-row sgemm made a 2-8 token verify cost 1.5-1.9x an AR step);
+    - run every forward on the chosen SDPA kernels (pipeline/runtime/attention_backends.py: cuDNN's,
+      PyTorch's first choice on Hopper, re-plans for every new shape, 9-20x slower drafts)."""
+    arch.check_target(model)
+    for m in (model, head):
+        if m is not None:
+            pack_linears(m)
+            choose_attention(m)
+
+
 class Engine:
     """EAGLE-3 (and AR) generation for one target + one head, batch size 1."""
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
-        arch.check_target(model)     # a cache the engine cannot compact is refused here (pipeline/decode/arch.py)
-        # On a CPU in fp32 the target's and the head's linears run on oneDNN with packed weights
-        # (pipeline/runtime/cpu_linear.py: MKL's few-row sgemm made a 2-8 token verify cost 1.5-1.9x an AR
-        # step). AR and EAGLE-3 share the packed model, so speedups still compare like with like.
-        pack_linears(model)
-        if head is not None:
-            pack_linears(head)
-        # every target and head forward runs on the SDPA kernels chosen in pipeline/runtime/attention_backends.py
-        # (cuDNN's, PyTorch's first choice on Hopper, re-plans for every new shape: 9-20x slower drafts)
-        for m in (model, head):
-            if m is not None:
-                choose_attention(m)
+        prepare_modules(model, head)
         self.model = model
         self.head = head
         self.eos = set(eos_token_ids or ())
