@@ -25,8 +25,12 @@ Batch B (each B a separate call, all rows of one prompt length, no EOS, after a 
                  difference is below the timer's noise, as for the dry run's tiny model)
     spec_batch   one step of the batched engine (pipeline/decode/batch_engine.py) at batch B: median
                  t_step of its AR (every step off) and of each tree shape; break-even tau(B) =
-                 t_step(shape) / t_step(AR). Skipped, with the reason, where that engine is missing
-                 or its interface differs.
+                 t_step(shape) / t_step(AR); its AR step also as a multiple of the weight-read bound.
+                 Twice where the device has CUDA graphs: replayed from graphs ("graphs", the
+                 engine's default there) and eager ("eager", cuda_graphs=False), same span buckets,
+                 so the pair is the graphs' gain; with the graphs' captures, capture time and any
+                 capture failure. Measured first (the figure issue N is about), the batch-1 tables
+                 after it. Skipped, with the reason, where that engine is missing.
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ def profile_latency(cfg, deadline: float, model, head) -> dict:
     prompt = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()
     more = lambda: time.perf_counter() < deadline
     ops, cycles, complete = [], [], True
+    spec = guarded(lambda: spec_batch_steps(model, head, cfg, deadline, prompt), more)
     for c in cfg.contexts:
         if not more():
             complete = False
@@ -95,7 +100,6 @@ def profile_latency(cfg, deadline: float, model, head) -> dict:
             cycles.append(cycle_row(eng, p, shape, cfg.cycle_tokens, ar["median"]))
     # the batch tables last, each on its own: a failure there keeps the batch-1 tables above
     batched_ar = guarded(lambda: ar_batch_steps(model, cfg, deadline, prompt), more)
-    spec = guarded(lambda: spec_batch_steps(model, head, cfg, deadline, prompt), more)
     complete = complete and batched_ar["status"] == spec["status"] == "ok"
     bound = weight_read_bound(model)
     for o in ops:                                   # each AR step as a multiple of the weight-read bound
@@ -104,6 +108,9 @@ def profile_latency(cfg, deadline: float, model, head) -> dict:
     for r in batched_ar.get("rows", []):
         if r.get("step_ms") and bound["bound_ms"]:
             r["x_bound"] = r["step_ms"] / bound["bound_ms"]
+    for r in spec.get("rows", []):
+        if (r.get("ar") or {}).get("t_step") and bound["bound_ms"]:
+            r["ar"]["x_bound"] = r["ar"]["t_step"] / bound["bound_ms"]
     return {"status": "ok" if complete else "partial",
             "reason": None if complete else "time budget or a failed batch table: some rows left out",
             "device": device_name(dev, dtype_name(next(model.parameters()).dtype)), "weight_read_bound": bound,
@@ -166,37 +173,47 @@ def ar_batch_steps(model, cfg, deadline: float, prompt) -> dict:
 
 
 def spec_batch_steps(model, head, cfg, deadline: float, prompt) -> dict:
-    """Median step times of the batched engine at each B: its AR (every step off) and each tree shape."""
+    """Median step times of the batched engine at each B: its AR (every step off) and each tree
+    shape, replayed from CUDA graphs and eager where the device has graphs (module docstring)."""
     try:
         from pipeline.decode.batch_engine import BatchEngine
         from pipeline.decode.controller import StaticBatchController, StepShape
     except ImportError as e:
         return {"status": "skipped", "reason": f"no batched engine in this checkout ({e})"}
-    eng = BatchEngine(model, head)
+    graphed = BatchEngine(model, head)
+    engines = [("eager", BatchEngine(model, head, cuda_graphs=False, span_bucket=graphed.span_bucket))]
+    if graphed.graphs.enabled:
+        engines.insert(0, ("graphs", graphed))
     T, n, rows, complete = cfg.batch_steps, cfg.contexts[0], [], True
     # "ar": the engine's own AR at batch B (no head, no features), the like-for-like baseline
     shapes = [("ar", None)] + [(",".join(map(str, s)), StepShape(*s)) for s in cfg.shapes]
     for B in cfg.batch_sizes:
         ps = [prompt(n) for _ in range(B)]
-        row = {"B": B, "context": n}
-        for label, shape in shapes:
-            if time.perf_counter() > deadline:
-                complete = False
+        for mode, eng in engines:
+            row = {"B": B, "context": n, "mode": mode}
+            for label, shape in shapes:
+                if time.perf_counter() > deadline:
+                    complete = False
+                    break
+                if shape is None:
+                    run = lambda k: eng.generate_ar(ps, k, batch_size=B)
+                else:
+                    run = lambda k, c=StaticBatchController(shape): eng.generate(ps, k, batch_size=B, controller=c)
+                run(3)                                                  # warm-up: this (B, shape)'s kernels, graphs
+                full = [s for s in run(T + 1).steps if s.batch_size == B]
+                row[label] = {"t_step": _median_ms([s.t_step for s in full]),
+                              "t_draft": _median_ms([s.t_draft for s in full]),
+                              "t_verify": _median_ms([s.t_verify for s in full]), "steps": len(full)}
+            ar = row.get("ar", {}).get("t_step")
+            for label, _ in shapes[1:]:
+                if label in row and ar:
+                    row[label]["break_even_tau"] = row[label]["t_step"] / ar
+            rows.append(row)
+            eng.release()                                               # this B's stores and graphs
+            if not complete:
                 break
-            if shape is None:
-                run = lambda k: eng.generate_ar(ps, k, batch_size=B)
-            else:
-                run = lambda k, c=StaticBatchController(shape): eng.generate(ps, k, batch_size=B, controller=c)
-            run(3)                                                      # warm-up: this (B, shape)'s kernels
-            full = [s for s in run(T + 1).steps if s.batch_size == B]
-            row[label] = {"t_step": _median_ms([s.t_step for s in full]),
-                          "t_draft": _median_ms([s.t_draft for s in full]),
-                          "t_verify": _median_ms([s.t_verify for s in full]), "steps": len(full)}
-        ar = row.get("ar", {}).get("t_step")
-        for label, _ in shapes[1:]:
-            if label in row and ar:
-                row[label]["break_even_tau"] = row[label]["t_step"] / ar
-        rows.append(row)
         if not complete:
             break
-    return {"status": "ok" if complete else "partial", "shapes": [label for label, _ in shapes], "rows": rows}
+    return {"status": "ok" if complete else "partial", "shapes": [label for label, _ in shapes], "rows": rows,
+            "modes": [m for m, _ in engines], "span_bucket": graphed.span_bucket,
+            "graphs": graphed.graphs.summary() if graphed.graphs.enabled or graphed.graphs.failure else None}

@@ -45,6 +45,10 @@ def summary_line(step: str, r: dict) -> str:
         parts = [f"AR step {o['median']:.2f} ms at context {o['context']}" for o in ar[:1]]
         parts += [f"{_shape(c['shape'])} cycle {_f(c['t_cycle'])} ms (break-even tau {_f(c['break_even_tau'])})"
                   for c in cyc if c["context"] == (ar[0]["context"] if ar else None)]
+        spec = (r.get("spec_batch") or {}).get("rows", [])
+        parts += [f"batched engine AR B={b['B']} {b.get('mode', 'eager')} {_f(b['ar']['t_step'])} ms"
+                  + (f" ({_f(b['ar']['x_bound'])}x bound)" if b["ar"].get("x_bound") else "")
+                  for b in spec if b["B"] == spec[0]["B"] and (b.get("ar") or {}).get("t_step")]
         return "; ".join(parts)
     if step == "kernels":
         return "; ".join(f"{t['case']} {_f(t.get('wall_ms'), '{:.1f}')} ms" for t in r.get("traces", []))
@@ -108,10 +112,15 @@ def render_markdown(rep: dict) -> str:
     spec = lat.get("spec_batch") or {}
     if spec.get("rows"):
         shapes = spec["shapes"]
+        g = spec.get("graphs") or {}
         lines += ["Batched engine step by batch size (ms, median t_step; in brackets break-even tau = "
-                  "t_step / AR's t_step):", ""]
-        lines += _table(["B"] + [s if s == "ar" else f"({s})" for s in shapes],
-                        [[r["B"]] + [_batch_cell(r.get(s)) for s in shapes] for r in spec["rows"]])
+                  "t_step / AR's t_step; x bound = AR's t_step / the weight-read bound; span bucket "
+                  f"{spec.get('span_bucket', '-')}; mode graphs = replayed from CUDA graphs"
+                  + (f", {g['captures']} captures in {_f(g['capture_s'])} s" if g.get("captures") is not None else "")
+                  + (f", capture FAILED: {g['failure']}" if g.get("failure") else "") + "):", ""]
+        lines += _table(["B", "mode"] + [s if s == "ar" else f"({s})" for s in shapes] + ["AR x bound"],
+                        [[r["B"], r.get("mode", "eager")] + [_batch_cell(r.get(s)) for s in shapes]
+                         + [_f((r.get("ar") or {}).get("x_bound"))] for r in spec["rows"]])
     elif spec:
         lines += [f"Batched engine: {spec.get('status')} ({spec.get('reason')}).", ""]
     for t in steps.get("kernels", {}).get("traces", []):

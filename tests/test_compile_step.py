@@ -2,12 +2,14 @@
 
 A CUDA graph can only capture code that torch.compile (or a capture by hand) sees as one graph, so
 the step's pieces must stay traceable even where nobody has a GPU. Each piece below is the engine's
-own function, compiled with `backend="eager"` (Dynamo's trace only: no code generation, seconds on
-a CPU) and run against its eager result on the same inputs:
+own function, the one it hands to its CUDA graph cache (pipeline/runtime/cuda_graphs.py), compiled
+with `backend="eager"` (Dynamo's trace only: no code generation, seconds on a CPU) and run against
+its eager result on the same inputs:
 
-    draft   expand_tree + select_trees: D - 1 head forwards over A x W beams, A trees of V nodes
-    verify  verify_forward: one target forward over A x V tree tokens on the slot KV cache
-    accept  accept_greedy_batch + commit_order + emitted_tokens: L, the path first, the tokens out
+    pending  the head over each row's pending entries (padded to M), written into its slot
+    draft    expand_tree + select_trees: D - 1 head forwards over A x W beams, A trees of V nodes
+    verify   target forward over A x V tree tokens on the slot KV cache, greedy acceptance and the
+             commit (KV compacted, tokens and fused features stored): L and the tokens out
 
 Shapes are static per (A, D, W, V, span): the engine passes the span as a Python int, so each bucket
 is one graph. The oneDNN-packed linears of the CPU trace too (pipeline/runtime/cpu_linear.py).
@@ -19,9 +21,7 @@ import torch
 
 from pipeline.decode.batch_engine import BatchEngine
 from pipeline.decode.batch_kv import BatchState
-from pipeline.decode.batch_verify import (TreeBatch, accept_greedy_batch, commit_order, emitted_tokens, select_trees,
-                                          verify_forward)
-from pipeline.decode.draft import expand_tree
+from pipeline.decode.controller import StepShape
 from pipeline.decode.head import random_head
 from pipeline.runtime.attention_backends import attention_backends
 from tests.conftest import make_tiny_llama
@@ -62,32 +62,29 @@ def _compiled(fn):
 
 
 @torch.inference_mode()
-def test_draft_and_verify_trace_whole_and_match_eager(parts):
+def test_the_engines_graphed_parts_trace_whole_and_match_eager(parts):
     model, head, n, x = parts
+    eng = BatchEngine(model, head)
+    shape = StepShape(D, W, V)
+    dl = n - torch.tensor([1, 3, 2])                                  # 1..3 pending entries per row
 
-    def draft(st, n, root_hidden, root_logits, roots):
-        prefix_mask = torch.arange(SPAN)[None, :] < n[:, None]                       # [A, span]
-        pool = expand_tree(head, st.hkv.prefix(SPAN), prefix_mask, root_hidden, root_logits, n - 1, W, D)
-        t = select_trees(pool, roots, V)
-        return t.tokens, t.parents, t.depths, t.mask
+    def pending(st, n, dl):
+        return eng._pending(st, n, dl, 4, SPAN)
 
-    def verify(st, n, tokens, parents, depths, mask):
-        logits, hs = verify_forward(model, TreeBatch(tokens, parents, depths, mask), n, SPAN, st.kv, True)
-        return logits, hs[-1], st.kv.k[0][:, :, :SPAN].clone()
+    def draft(st, n, root_hidden, root_logits):
+        return eng._draft_trees(st, shape, SPAN, n, root_hidden, root_logits)
 
-    def accept(tokens, parents, depths, mask, logits):
-        t = TreeBatch(tokens, parents, depths, mask)
-        accepted, bonus = accept_greedy_batch(t, logits)
-        order, L = commit_order(accepted)
-        return order, L, emitted_tokens(t, order, L, bonus)
+    def verify(st, n, *tree):                                        # forward, acceptance, commit
+        packed = eng._verify_greedy(st, SPAN + V, True, n, *tree)
+        return packed, st.kv.k[0][:, :, : SPAN + V].clone(), st.feat.clone(), st.ids.clone()
 
     eager_state, graph_state = _state(model, head), _state(model, head)
-    tree = draft(eager_state, n, **x)
+    for name, fn, args in (("pending", pending, (n, dl)), ("draft", draft, (n, x["root_hidden"], x["root_logits"]))):
+        want = fn(eager_state, *args)
+        got = _compiled(fn)(graph_state, *args)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), name
+    tree = draft(eager_state, n, x["root_hidden"], x["root_logits"])
     assert tree[0].shape == (A, V)
-    for got, want in zip(_compiled(draft)(graph_state, n, **x), tree):
-        assert torch.equal(got, want)
-    ver = verify(eager_state, n, *tree)
-    for got, want in zip(_compiled(verify)(graph_state, n, *tree), ver):
-        assert torch.equal(got, want)                        # logits, features and the KV written
-    for got, want in zip(_compiled(accept)(*tree, ver[0]), accept(*tree, ver[0])):
-        assert torch.equal(got, want)
+    want = verify(eager_state, n, *tree)
+    for got, w in zip(_compiled(verify)(graph_state, n, *tree), want):
+        assert torch.equal(got, w)                    # L and tokens out, the KV compacted, features, tokens stored

@@ -85,7 +85,7 @@ def test_dry_run_writes_both_reports(tmp_path):
     assert set(e["methods"]) == {"ar", "static", "static:5,1,6"} and e["lossless_counts"]["mismatch"] == 0
     md = (out / "gpu_report.md").read_text()
     for heading in ("| step | status | result | wall (s) |", "| tree (D, W, V) | prompts | exact |",
-                    "| op | context | W | V |", "break-even tau", "| B | context | step (ms) |", "| B | ar | (8,10,60) |",
+                    "| op | context | W | V |", "break-even tau", "| B | context | step (ms) |", "| B | mode | ar | (8,10,60) |",
                     "| dataset | method | tokens/s |", "Kernels, engine-deep", "| op | calls | self device (ms) |"):
         assert heading in md, heading
     assert (out / "tests.log").is_file() and (out / "validate_report.md").is_file()

@@ -41,6 +41,22 @@ equals its batch-1 run's with the same seed and shapes.
 
 Host syncs: one per step outside the timers (the accepted lengths and tokens, read once); the clock
 reads sync too (pipeline/runtime/clock.py). Row bookkeeping (token lists, EOS, refills) is Python.
+
+On a GPU (issue N) the step's three parts run as CUDA graphs (pipeline/runtime/cuda_graphs.py), one
+per shape, captured the first time a shape occurs and replayed after:
+
+    pending  key (A, M, span)         M = the pending entries, rounded up to a power of two
+    draft    key (A, D, W, V, span)   expand_tree + select_trees
+    verify   key (A, V, span)         target forward + greedy acceptance + commit (T = 0; at T > 0 the
+                                      forward and EAGLE's row-by-row rule run eagerly)
+
+so the shapes must not follow the rows' lengths: the keys a step reads, [0, span), are rounded up to
+a multiple of `span_bucket` (128 with graphs; 1, the exact span, without), the entries past a row's
+own length masked out as before, and the commit writes all V fused features (those past the
+accepted path land past the row's new length, stale). The stores are static: allocated once per
+(B, capacity) and reused by the next call (`BatchState.alias`), so graphs outlive a call; a graph is
+keyed by the stores' addresses, and rows leaving or joining (a copy of the stores) capture anew.
+`DRAFTGYM_CUDA_GRAPHS=0` or `cuda_graphs=False` turns graphs off; the output is the same either way.
 """
 from __future__ import annotations
 
@@ -63,10 +79,16 @@ from pipeline.decode.tree import log_softmax32
 from pipeline.decode.verify import sample_token, target_forward
 from pipeline.errors import DraftGymError
 from pipeline.runtime.clock import DeviceClock
+from pipeline.runtime.cuda_graphs import GraphCache
 
 __all__ = ["BatchEngine", "BatchResult", "RowCycle", "RowResult"]
 
 HEADROOM = 64     # slot entries past the longest prompt + max_new_tokens (grown when a step needs more)
+SPAN_BUCKET = 128  # with CUDA graphs: the key span of a step, rounded up to a multiple of this
+
+
+def pow2_at_least(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
 
 
 @dataclass
@@ -109,7 +131,10 @@ class _Rows:
 class BatchEngine:
     """EAGLE-3 (and AR) generation for one target + one head, B prompts at a time."""
 
-    def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
+    def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None,
+                 cuda_graphs: bool | None = None, span_bucket: int | None = None):
+        """cuda_graphs: None = on for a CUDA device (unless DRAFTGYM_CUDA_GRAPHS=0); span_bucket: the
+        step's key span is rounded up to a multiple of it (default 128 with graphs, else 1)."""
         prepare_modules(model, head)            # as Engine: the batch-1 and batch-B engines share kernels
         self.model, self.head = model, head
         self.eos = set(eos_token_ids or ())
@@ -117,6 +142,11 @@ class BatchEngine:
         self.dtype = next(model.parameters()).dtype
         self.clock = DeviceClock(self.device)
         self.window = arch.attention_window(model.config)    # sliding window (tokens), None = full attention
+        self.graphs = GraphCache(self.device, cuda_graphs)
+        self.span_bucket = span_bucket or (SPAN_BUCKET if self.graphs.enabled else 1)
+        if self.span_bucket < 1:
+            raise DraftGymError(f"span_bucket must be >= 1, got {span_bucket}")
+        self._static: dict[bool, BatchState] = {}            # the static stores, per features (module docstring)
 
     # -- public entries ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
@@ -181,8 +211,7 @@ class BatchEngine:
         run = _Call(prompts, max_new, seeds, temperature, features, res, queue=list(range(len(prompts)))[::-1],
                     arrival=arrivals, t0=t0)
         B = min(batch_size, len(prompts) if arrivals is None else self._arrived(run))
-        S = max(len(p) for p in prompts) + max(max_new) + HEADROOM
-        state = BatchState(self.model, self.head, B, S, features)
+        state = self._stores(B, self._span(max(len(p) for p in prompts) + max(max_new) + HEADROOM) + 1, features)
         rows = _Rows(B)
         for s in range(B):
             res.prefill_s += self._fill(s, state, rows, run)
@@ -195,6 +224,23 @@ class BatchEngine:
                 self._step(state, rows, run, controller)
         res.wall_s = self.clock() - t0
         return res
+
+    def _stores(self, B: int, S: int, features: bool) -> BatchState:
+        """The static stores for B rows of capacity >= S (made when the last call's do not fit)."""
+        st = self._static.get(features)
+        if st is None or st.rows != B or st.capacity < S:
+            self._static.pop(features, None)                 # freed before the new ones are made
+            st = self._static[features] = BatchState(self.model, self.head, B, S, features)
+        return st.alias()
+
+    def release(self) -> None:
+        """Free the static stores and the CUDA graphs (the next call makes them again)."""
+        self._static.clear()
+        self.graphs.clear()
+
+    def _span(self, n: int) -> int:
+        """Keys [0, span) a step reads to see entries < n: n rounded up to the span bucket."""
+        return -(-n // self.span_bucket) * self.span_bucket
 
     # -- the call's clock and arrivals ---------------------------------------------------------------
     def _now(self, run: _Call) -> float:
@@ -267,65 +313,97 @@ class BatchEngine:
 
     # -- one step ----------------------------------------------------------------------------------
     def _pending_forward(self, state: BatchState):
-        """The head over each row's pending entries t in [dl_r, n_r), padded to the longest (M):
-        row r's entries are written in its head slot at t, a query at t sees the row's entries <= t.
-        Returns each root's head output [A, H] and draft logits [A, draft_vocab] (the entry n_r - 1)."""
+        """The head over each row's pending entries (`_pending`), graphed per (A, M, span).
+        Returns each root's head output [A, H] and draft logits [A, draft_vocab]."""
+        M = pow2_at_least(max(n - d for n, d in zip(state.n_host, state.dl_host)))
+        span = self._span(max(state.n_host))
+        state.ensure(max(span, max(state.dl_host) + M) + 1)
+        key = ("pending", state.rows, state.capacity, M, span, state.buffers())
+        root = self.graphs.run(key, lambda n, dl: self._pending(state, n, dl, M, span), state.n, state.dl)
+        state.dl, state.dl_host = state.n.clone(), list(state.n_host)
+        return root
+
+    def _pending(self, state: BatchState, n: torch.Tensor, dl: torch.Tensor, M: int, span: int):
+        """Row r's pending entries t in [dl_r, n_r), padded to M (the padding repeats entry n_r - 1;
+        its writes land at dl_r + i >= n_r, past the row, stale): written in the row's head slot, a
+        query at t sees the row's entries <= t. n, dl: [A]."""
         head, dev = self.head, self.device
-        A = state.rows
-        M = max(n - d for n, d in zip(state.n_host, state.dl_host))
-        span = max(state.n_host)
-        t = state.dl[:, None] + torch.arange(M, device=dev)                               # [A, M] entry index
-        t = torch.minimum(t, state.n[:, None] - 1)                                         # padding: last entry again
-        ar = torch.arange(A, device=dev)[:, None]
+        t = torch.minimum(dl[:, None] + torch.arange(M, device=dev), n[:, None] - 1)      # [A, M] entry index
+        ar = torch.arange(state.rows, device=dev)[:, None]
         allowed = torch.arange(span, device=dev)[None, None, :] <= t[:, :, None]           # [A, M, span]
         mask = torch.zeros(allowed.shape, dtype=head.dtype, device=dev)
         mask.masked_fill_(~allowed, torch.finfo(head.dtype).min)
-        state.hkv.pos, state.hkv.span = state.dl, span
+        state.hkv.pos, state.hkv.span = dl, span
         g, _, _ = head(state.ids.gather(1, t + 1), state.feat[ar, t], t, past_kv=state.hkv,
                        attn_mask=mask[:, None], logits=False)                             # [A, M, H]
-        root_hidden = g[ar[:, 0], state.n - state.dl - 1]                                  # [A, H] entry n_r - 1
-        state.dl, state.dl_host = state.n.clone(), list(state.n_host)
+        root_hidden = g[ar[:, 0], n - dl - 1]                                              # [A, H] entry n_r - 1
         return root_hidden, head.logits_of(root_hidden)
 
     def _draft(self, state: BatchState, shape: StepShape, root) -> TreeBatch:
-        """D - 1 forwards over the A x W beams (forward 1 was the pending one) and A trees of V nodes."""
-        root_hidden, root_logits = root
-        span = max(state.n_host)
-        prefix_mask = torch.arange(span, device=self.device)[None, :] < state.n[:, None]    # [A, span] own entries
-        pool = expand_tree(self.head, state.hkv.prefix(span), prefix_mask, root_hidden, root_logits, state.n - 1,
-                           shape.width, shape.depth, context_len=state.n_host)
-        return select_trees(pool, self._roots(state), shape.verify_size)
+        """D - 1 forwards over the A x W beams (forward 1 was the pending one) and A trees of V
+        nodes, graphed per (A, D, W, V, span)."""
+        span = self._span(max(state.n_host))
+        key = ("draft", state.rows, state.capacity, shape, span, state.buffers())
+        fn = lambda n, rh, rl: self._draft_trees(state, shape, span, n, rh, rl)
+        return TreeBatch(*self.graphs.run(key, fn, state.n, *root))
 
-    def _roots(self, state: BatchState) -> torch.Tensor:
-        return state.ids.gather(1, state.n[:, None])[:, 0]                                 # [A] x_{n_r}
+    def _draft_trees(self, state: BatchState, shape: StepShape, span: int, n, root_hidden, root_logits):
+        prefix_mask = torch.arange(span, device=self.device)[None, :] < n[:, None]          # [A, span] own entries
+        pool = expand_tree(self.head, state.hkv.prefix(span), prefix_mask, root_hidden, root_logits, n - 1,
+                           shape.width, shape.depth)
+        t = select_trees(pool, self._roots(state, n), shape.verify_size)
+        return t.tokens, t.parents, t.depths, t.mask
 
-    def _verify(self, state: BatchState, trees: TreeBatch, run: _Call, gens: list) -> tuple[list[list[int]], int]:
-        """Target forward, acceptance, commit. Returns per row [L, emitted tokens...] (the step's one
-        host read) and V."""
-        A, V, dev = state.rows, trees.size, self.device
-        state.ensure(max(state.n_host) + V + 1)
-        logits, hs = verify_forward(self.model, trees, state.n, max(state.n_host) + V, state.kv, run.features)
+    def _roots(self, state: BatchState, n: torch.Tensor) -> torch.Tensor:
+        return state.ids.gather(1, n[:, None])[:, 0]                                       # [A] x_{n_r}
+
+    def _verify(self, state: BatchState, trees: TreeBatch | None, run: _Call, gens: list) -> tuple[list[list[int]], int]:
+        """Target forward, acceptance, commit (trees None: the off step, each root alone). Greedy:
+        one graph per (A, V, span). Returns per row [L, emitted tokens...] (the step's one host read) and V."""
+        V = 1 if trees is None else trees.size
+        span = self._span(max(state.n_host) + V)
+        state.ensure(span + 1)
+        tree = () if trees is None else (trees.tokens, trees.parents, trees.depths, trees.mask)
         if run.T <= 0:
-            accepted, bonus = accept_greedy_batch(trees, logits)
-        else:
-            accepted, bonus = accept_sampling_rows(trees, logits, run.T, gens)
-        order, L = commit_order(accepted)
-        emit = emitted_tokens(trees, order, L, bonus)                                     # [A, V]
-        packed = torch.cat([L[:, None], emit], 1).tolist()                                # the host sync
-        if V > 1:
-            state.kv.compact(state.n, order)
-        ar, k = torch.arange(A, device=dev)[:, None], torch.arange(V, device=dev)[None, :]
-        state.ids[ar, state.n[:, None] + 1 + k] = emit.clamp(min=0)                       # x_{n+1} .. (past L+1: stale)
-        if run.features:                                                               # f_n .. f_{n+L}: pending next
-            K = 1 + max(p[0] for p in packed)
-            idx = order[:, :K]
-            picked = list(hs)
-            for i in set(self.head.layer_ids):
-                picked[i] = torch.gather(hs[i], 1, idx[..., None].expand(A, K, hs[i].shape[-1]))
-            state.feat[ar, state.n[:, None] + k[:, :K]] = self.head.fuse(tuple(picked))
-        state.n = state.n + L + 1
+            key = ("verify", state.rows, state.capacity, V, span, run.features, state.buffers())
+            packed_dev = self.graphs.run(key, lambda n, *t: self._verify_greedy(state, span, run.features, n, *t),
+                                         state.n, *tree)
+        else:                     # eager: the forward's fp32 logits [A, V, vocab] would be held per graph
+            tb = self._trees(state, state.n, tree)
+            logits, hs = verify_forward(self.model, tb, state.n, span, state.kv, run.features)
+            accepted, bonus = accept_sampling_rows(tb, logits, run.T, gens)
+            packed_dev = self._commit(state, state.n, tb, accepted, bonus, hs)
+        packed = packed_dev.tolist()                                                      # the host sync
+        state.n = state.n + packed_dev[:, 0] + 1
         state.n_host = [n + p[0] + 1 for n, p in zip(state.n_host, packed)]
         return packed, V
+
+    def _trees(self, state: BatchState, n: torch.Tensor, tree: tuple) -> TreeBatch:
+        return TreeBatch(*tree) if tree else root_trees(self._roots(state, n))
+
+    def _verify_greedy(self, state: BatchState, span: int, features: bool, n: torch.Tensor, *tree) -> torch.Tensor:
+        trees = self._trees(state, n, tree)
+        logits, hs = verify_forward(self.model, trees, n, span, state.kv, features)
+        accepted, bonus = accept_greedy_batch(trees, logits)
+        return self._commit(state, n, trees, accepted, bonus, hs)
+
+    def _commit(self, state: BatchState, n: torch.Tensor, trees: TreeBatch, accepted, bonus, hs) -> torch.Tensor:
+        """Row r keeps its accepted path's target KV at n_r .., its tokens x_{n+1} .. and fused
+        features f_n .. (all V written: past L_r + 1 they are stale). Returns [A, 1 + V]: L_r, then
+        the emitted tokens (-1 past L_r + 1)."""
+        A, V, dev = state.rows, trees.size, self.device
+        order, L = commit_order(accepted)
+        emit = emitted_tokens(trees, order, L, bonus)                                     # [A, V]
+        if V > 1:
+            state.kv.compact(n, order)
+        ar, k = torch.arange(A, device=dev)[:, None], torch.arange(V, device=dev)[None, :]
+        state.ids[ar, n[:, None] + 1 + k] = emit.clamp(min=0)                             # x_{n+1} .. (past L+1: stale)
+        if hs is not None:                                                               # f_n .. f_{n+L}: pending next
+            picked = list(hs)
+            for i in set(self.head.layer_ids):
+                picked[i] = torch.gather(hs[i], 1, order[..., None].expand(A, V, hs[i].shape[-1]))
+            state.feat[ar, n[:, None] + k] = self.head.fuse(tuple(picked))
+        return torch.cat([L[:, None], emit], 1)
 
     def _plan(self, state: BatchState, rows: _Rows, run: _Call, controller: BatchController, queued: int):
         """Ask the controller for the step's shape. A controller that uses confidences gets each
@@ -355,13 +433,13 @@ class BatchEngine:
         shape, root, t_draft, t_ctrl = self._plan(state, rows, run, controller, queued)
         d0 = clock()
         if shape.is_off:
-            trees, width = root_trees(self._roots(state)), 1
+            trees, width, size = None, 1, 1
         else:
             trees = self._draft(state, shape, root or self._pending_forward(state))
-            width = min(shape.width, self.head.cfg.draft_vocab_size)
-        if self.window is not None and max(state.n_host) + trees.size > self.window - 1:
+            width, size = min(shape.width, self.head.cfg.draft_vocab_size), trees.size
+        if self.window is not None and max(state.n_host) + size > self.window - 1:
             i = rows.req[max(range(A), key=state.n_host.__getitem__)]          # as Engine: refused at its step
-            arch.check_length(self.model.config, len(run.prompts[i]), run.max_new[i], trees.size)
+            arch.check_length(self.model.config, len(run.prompts[i]), run.max_new[i], size)
         v0 = clock()
         t_draft += v0 - d0
         ctx_lens = list(state.n_host)

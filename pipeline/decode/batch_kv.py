@@ -136,6 +136,27 @@ class BatchState:
     def rows(self) -> int:
         return self.ids.shape[0]
 
+    def alias(self) -> "BatchState":
+        """A state over the same stores (the engine's static caches, reused call after call): rows
+        leaving, joining or growing replace the alias's tensors, never the original's."""
+        new = object.__new__(BatchState)
+        new.__dict__.update(self.__dict__)
+        new.kv = object.__new__(type(self.kv))
+        new.kv.__dict__.update(self.kv.__dict__, k=list(self.kv.k), v=list(self.kv.v))
+        if self.hkv is not None:
+            new.hkv = object.__new__(type(self.hkv))
+            new.hkv.__dict__.update(self.hkv.__dict__)
+        new.n_host, new.dl_host = list(self.n_host), list(self.dl_host)
+        return new
+
+    def buffers(self) -> tuple[int, ...]:
+        """The addresses of every store a step writes or reads in place: a CUDA graph of a step part
+        is valid exactly while these are unchanged (pipeline/runtime/cuda_graphs.py)."""
+        ts = [*self.kv.k, *self.kv.v, self.ids]
+        if self.feat is not None:
+            ts += [self.feat, self.hkv.keys, self.hkv.values]
+        return tuple(t.data_ptr() for t in ts)
+
     @property
     def capacity(self) -> int:
         return self.ids.shape[1]
