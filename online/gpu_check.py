@@ -114,15 +114,18 @@ def dry_run_sizes(cfg: CheckConfig) -> CheckConfig:
 class Budget:
     """Seconds left of the whole run, and of one step's share of it."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, steps=STEPS):
         self.t0, self.seconds = time.perf_counter(), seconds
+        # without validate (which takes what is left), the shares of the steps asked for fill the budget
+        total = sum(STEP_SHARE[s] for s in steps)
+        self.share = dict(STEP_SHARE) if "validate" in steps else {s: STEP_SHARE[s] / total for s in steps}
 
     def left(self) -> float:
         return self.seconds - (time.perf_counter() - self.t0)
 
     def step_deadline(self, step: str) -> float:
         """perf_counter time by which `step` must stop starting new work."""
-        return time.perf_counter() + min(self.left(), STEP_SHARE[step] * self.seconds)
+        return time.perf_counter() + min(self.left(), self.share.get(step, STEP_SHARE[step]) * self.seconds)
 
 
 def _torch_dtype(name: str):
@@ -297,7 +300,7 @@ def run_check(cfg: CheckConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(cfg.work or tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    budget = Budget(cfg.minutes * 60)
+    budget = Budget(cfg.minutes * 60, cfg.steps)
     report = {"format": "draftgym-gpu-check/1", "run_id": time.strftime("%Y%m%d-%H%M%S"), "config": asdict(cfg),
               "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
               "environment": environment_fingerprint(dev, cfg.dtype), "steps": {}}
