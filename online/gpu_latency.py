@@ -67,8 +67,37 @@ def profile_latency(cfg, deadline: float, model, head) -> dict:
     vocab = model.config.vocab_size
     prompt = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()
     more = lambda: time.perf_counter() < deadline
-    ops, cycles, complete = [], [], True
+    ops, cycles, batch1_failure = [], [], None
     spec = guarded(lambda: spec_batch_steps(model, head, cfg, deadline, prompt), more)
+    try:
+        complete = batch1_tables(cfg, eng, model, head, prompt, more, ops, cycles)
+    except Exception as e:                          # the batched table above and the ones below stay
+        batch1_failure, complete = f"{type(e).__name__}: {first_line(e)}", False
+    # the batch tables last, each on its own: a failure there keeps the batch-1 tables above
+    batched_ar = guarded(lambda: ar_batch_steps(model, cfg, deadline, prompt), more)
+    complete = complete and batched_ar["status"] == spec["status"] == "ok"
+    bound = weight_read_bound(model)
+    for o in ops:                                   # each AR step as a multiple of the weight-read bound
+        if o["op"] == "ar_step" and bound["bound_ms"]:
+            o["x_bound"] = o["median"] / bound["bound_ms"]
+    for r in batched_ar.get("rows", []):
+        if r.get("step_ms") and bound["bound_ms"]:
+            r["x_bound"] = r["step_ms"] / bound["bound_ms"]
+    for r in spec.get("rows", []):
+        if (r.get("ar") or {}).get("t_step") and bound["bound_ms"]:
+            r["ar"]["x_bound"] = r["ar"]["t_step"] / bound["bound_ms"]
+    return {"status": "ok" if complete else "partial",
+            "reason": None if complete else "time budget or a failed table: some rows left out",
+            "device": device_name(dev, dtype_name(next(model.parameters()).dtype)), "weight_read_bound": bound,
+            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+            "target": cfg.target, "dtype": cfg.dtype, "head_draft_vocab": head.cfg.draft_vocab_size,
+            "ops": ops, "cycles": cycles, "batch1_failure": batch1_failure, "ar_batch": batched_ar, "spec_batch": spec}
+
+
+def batch1_tables(cfg, eng, model, head, prompt, more, ops: list, cycles: list) -> bool:
+    """The batch-1 tables (module docstring) into ops and cycles; False when the time ran out."""
+    dev = next(model.parameters()).device
+    complete = True
     for c in cfg.contexts:
         if not more():
             complete = False
@@ -98,25 +127,7 @@ def profile_latency(cfg, deadline: float, model, head) -> dict:
                 complete = False
                 break
             cycles.append(cycle_row(eng, p, shape, cfg.cycle_tokens, ar["median"]))
-    # the batch tables last, each on its own: a failure there keeps the batch-1 tables above
-    batched_ar = guarded(lambda: ar_batch_steps(model, cfg, deadline, prompt), more)
-    complete = complete and batched_ar["status"] == spec["status"] == "ok"
-    bound = weight_read_bound(model)
-    for o in ops:                                   # each AR step as a multiple of the weight-read bound
-        if o["op"] == "ar_step" and bound["bound_ms"]:
-            o["x_bound"] = o["median"] / bound["bound_ms"]
-    for r in batched_ar.get("rows", []):
-        if r.get("step_ms") and bound["bound_ms"]:
-            r["x_bound"] = r["step_ms"] / bound["bound_ms"]
-    for r in spec.get("rows", []):
-        if (r.get("ar") or {}).get("t_step") and bound["bound_ms"]:
-            r["ar"]["x_bound"] = r["ar"]["t_step"] / bound["bound_ms"]
-    return {"status": "ok" if complete else "partial",
-            "reason": None if complete else "time budget or a failed batch table: some rows left out",
-            "device": device_name(dev, dtype_name(next(model.parameters()).dtype)), "weight_read_bound": bound,
-            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
-            "target": cfg.target, "dtype": cfg.dtype, "head_draft_vocab": head.cfg.draft_vocab_size,
-            "ops": ops, "cycles": cycles, "ar_batch": batched_ar, "spec_batch": spec}
+    return complete
 
 
 def guarded(table, more) -> dict:
@@ -204,6 +215,8 @@ def spec_batch_steps(model, head, cfg, deadline: float, prompt) -> dict:
                 row[label] = {"t_step": _median_ms([s.t_step for s in full]),
                               "t_draft": _median_ms([s.t_draft for s in full]),
                               "t_verify": _median_ms([s.t_verify for s in full]), "steps": len(full)}
+            if mode == "graphs" and not eng.graphs.enabled:         # a capture failed: these ran eagerly
+                row["mode"] = "graphs failed"
             ar = row.get("ar", {}).get("t_step")
             for label, _ in shapes[1:]:
                 if label in row and ar:

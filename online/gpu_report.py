@@ -101,6 +101,8 @@ def render_markdown(rep: dict) -> str:
                         [[_shape(c["shape"]), c["context"], c["cycles"], _f(c["t_draft"]), _f(c["t_verify"]),
                           _f(c["t_controller"], "{:.3f}"), _f(c["t_cycle"]), _f(c["break_even_tau"])]
                          for c in lat["cycles"]])
+    if lat.get("batch1_failure"):
+        lines += [f"Batch-1 tables stopped: {lat['batch1_failure']}.", ""]
     arb = lat.get("ar_batch") or {}
     if arb.get("rows"):
         lines += ["AR decode step by batch size (`generate_batch`, the collection's slot cache):", ""]

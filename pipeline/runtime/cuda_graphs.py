@@ -23,12 +23,14 @@ for good and keeps the first line of the reason (`failure`): the engine runs eag
 and reports say so.
 
 Off on the CPU (nothing to gain: a CPU kernel's launch is a function call) and when
-DRAFTGYM_CUDA_GRAPHS=0.
+DRAFTGYM_CUDA_GRAPHS=0. DRAFTGYM_CAPTURE_MODE picks torch's capture_error_mode (global, the
+default; thread_local; relaxed).
 """
 from __future__ import annotations
 
 import os
 import time
+import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -38,6 +40,7 @@ import torch
 from pipeline.errors import first_line
 
 ENV = "DRAFTGYM_CUDA_GRAPHS"
+MODE_ENV = "DRAFTGYM_CAPTURE_MODE"
 
 
 def graphs_wanted(device: torch.device | str) -> bool:
@@ -63,6 +66,7 @@ class GraphCache:
         self.graphs: OrderedDict = OrderedDict()
         self.pool = None
         self.failure: str | None = None
+        self.failure_detail: str | None = None     # the traceback's end, for reports
         self.captures = self.replays = 0
         self.capture_s = 0.0
 
@@ -90,6 +94,7 @@ class GraphCache:
             replay, outputs = self._record(fn, static)
         except Exception as e:                     # a part that cannot be captured: eager from now on
             self.enabled, self.failure = False, f"{type(e).__name__}: {first_line(e)}"
+            self.failure_detail = traceback.format_exc()[-3000:]
             self.clear()
             return
         self.graphs[key] = _Graph(replay, static, outputs)
@@ -104,7 +109,7 @@ class GraphCache:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=os.environ.get(MODE_ENV, "global")):
                 outputs = fn(*static)
         except Exception:
             torch.cuda.synchronize()
@@ -118,4 +123,4 @@ class GraphCache:
     def summary(self) -> dict:
         """For reports: on/off, captures, replays, capture seconds, the failure if any."""
         return {"cuda_graphs": self.enabled, "captures": self.captures, "replays": self.replays,
-                "capture_s": round(self.capture_s, 3), "failure": self.failure}
+                "capture_s": round(self.capture_s, 3), "failure": self.failure, "failure_detail": self.failure_detail}

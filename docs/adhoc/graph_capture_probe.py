@@ -1,0 +1,70 @@
+"""Can the batched engine's step parts be captured as CUDA graphs here, and under which
+capture_error_mode? (issue N; run on a GPU machine, one process per mode: a failed capture can
+leave torch's CUDA generator in capture mode for the rest of the process.)
+
+    python docs/adhoc/graph_capture_probe.py [llama-3.1-8b|tiny]
+
+Per mode it prints the graph cache's summary (captures, failure and its traceback's end) after a
+batch-1 AR call and an EAGLE-3 (8, 10, 60) call on the random-weight target, and first whether a
+plain HF forward (no cache) captures at all. Exit code 0 when some mode captured everything.
+"""
+import json
+import os
+import subprocess
+import sys
+import traceback
+
+import torch
+
+MODES = ("global", "thread_local", "relaxed")
+
+
+def one(target: str) -> dict:
+    from online.gpu_check import CheckConfig, build_head, build_target
+    from pipeline.decode.batch_engine import BatchEngine
+    from pipeline.decode.controller import StaticBatchController, StepShape
+
+    cfg = CheckConfig(out="/tmp/probe", target=target, dtype="bfloat16")
+    model = build_target(cfg)
+    head = build_head(cfg, model)
+    out = {"mode": os.environ.get("DRAFTGYM_CAPTURE_MODE", "global")}
+    x = torch.randint(0, 1000, (1, 16), device="cuda")
+    try:                                             # a plain forward, outside the engine
+        model(input_ids=x, use_cache=False)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, capture_error_mode=out["mode"]):
+            model(input_ids=x, use_cache=False)
+        out["plain_forward"] = "captured"
+    except Exception:
+        out["plain_forward"] = traceback.format_exc()[-1500:]
+        return out
+    p = torch.randint(0, 1000, (128,)).tolist()
+    eng = BatchEngine(model, head)
+    eng.generate_ar([p], 6, batch_size=1)
+    eng.generate_ar([p], 6, batch_size=1)
+    out["ar"] = eng.graphs.summary()
+    if eng.graphs.enabled:
+        ctrl = lambda: StaticBatchController(StepShape(8, 10, 60))
+        eng.generate([p, p], 6, batch_size=2, controller=ctrl())
+        eng.generate([p, p], 6, batch_size=2, controller=ctrl())
+        out["eagle3"] = eng.graphs.summary()
+    return out
+
+
+if __name__ == "__main__":
+    target = sys.argv[1] if len(sys.argv) > 1 else "llama-3.1-8b"
+    if os.environ.get("PROBE_CHILD"):
+        print("PROBE " + json.dumps(one(target)), flush=True)
+        sys.exit(0)
+    ok = None
+    for mode in MODES:
+        env = dict(os.environ, PROBE_CHILD="1", DRAFTGYM_CAPTURE_MODE=mode)
+        r = subprocess.run([sys.executable, __file__, target], env=env, capture_output=True, text=True)
+        line = next((l for l in r.stdout.splitlines() if l.startswith("PROBE ")), None)
+        res = json.loads(line[6:]) if line else {"mode": mode, "error": (r.stderr or "")[-1500:]}
+        print(json.dumps(res, indent=1), flush=True)
+        if ok is None and (res.get("eagle3") or {}).get("failure", "x") is None:
+            ok = mode
+            break
+    print(f"PROBE_OK_MODE={ok}")
+    sys.exit(0 if ok else 1)
