@@ -117,8 +117,10 @@ class GraphCache:
         return graph.replay, outputs
 
     def clear(self) -> None:
-        """Drop every graph (their memory goes back to the pool)."""
+        """Drop every graph. Their pool goes with the last of them, so the next capture takes a new
+        one (capturing into a dead pool's handle trips the caching allocator's internal assert)."""
         self.graphs.clear()
+        self.pool = None
 
     def summary(self) -> dict:
         """For reports: on/off, captures, replays, capture seconds, the failure if any."""
