@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-import pipeline.decode.batch_engine as batch_engine_mod
+import pipeline.decode.batch_step as batch_step_mod
 import pipeline.decode.batch_verify as batch_verify_mod
 from pipeline.decode.batch_engine import BatchEngine
 from pipeline.decode.batch_verify import (accept_greedy_batch, paths_to_accepted, select_trees, tree_masks)
@@ -190,7 +190,7 @@ def test_bf16_real_rule_passes_biased_rule_fails(monkeypatch):
 
     real = run()
     assert real["counts"]["mismatch"] == 0, real
-    monkeypatch.setattr(batch_engine_mod, "accept_greedy_batch", _biased_batch)
+    monkeypatch.setattr(batch_step_mod, "accept_greedy_batch", _biased_batch)
     biased = run()
     assert biased["counts"]["mismatch"] >= 3, biased
     assert biased["counts"]["exact"] < real["counts"]["exact"]

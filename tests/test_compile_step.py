@@ -2,7 +2,7 @@
 
 A CUDA graph can only capture code that torch.compile (or a capture by hand) sees as one graph, so
 the step's pieces must stay traceable even where nobody has a GPU. Each piece below is the engine's
-own function, the one it hands to its CUDA graph cache (pipeline/runtime/cuda_graphs.py), compiled
+own function (pipeline/decode/batch_step.py), the one it hands to its CUDA graph cache (pipeline/runtime/cuda_graphs.py), compiled
 with `backend="eager"` (Dynamo's trace only: no code generation, seconds on a CPU) and run against
 its eager result on the same inputs:
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipeline.decode import batch_step
 from pipeline.decode.batch_engine import BatchEngine
 from pipeline.decode.batch_kv import BatchState
 from pipeline.decode.controller import StepShape
@@ -64,18 +65,17 @@ def _compiled(fn):
 @torch.inference_mode()
 def test_the_engines_graphed_parts_trace_whole_and_match_eager(parts):
     model, head, n, x = parts
-    eng = BatchEngine(model, head)
     shape = StepShape(D, W, V)
     dl = n - torch.tensor([1, 3, 2])                                  # 1..3 pending entries per row
 
     def pending(st, n, dl):
-        return eng._pending(st, n, dl, 4, SPAN)
+        return batch_step.pending(head, st, n, dl, 4, SPAN)
 
     def draft(st, n, root_hidden, root_logits):
-        return eng._draft_trees(st, shape, SPAN, n, root_hidden, root_logits)
+        return batch_step.draft_trees(head, st, shape, SPAN, n, root_hidden, root_logits)
 
     def verify(st, n, *tree):                                        # forward, acceptance, commit
-        packed = eng._verify_greedy(st, SPAN + V, True, n, *tree)
+        packed = batch_step.verify_greedy(model, head, st, SPAN + V, True, n, *tree)
         return packed, st.kv.k[0][:, :, : SPAN + V].clone(), st.feat.clone(), st.ids.clone()
 
     eager_state, graph_state = _state(model, head), _state(model, head)

@@ -17,6 +17,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_leaves
 
+from pipeline.decode import batch_step
 from pipeline.decode.batch_engine import BatchEngine, pow2_at_least
 from pipeline.decode.controller import ScheduleBatchController, StaticBatchController, StepShape
 from pipeline.decode.head import random_head
@@ -101,13 +102,14 @@ def test_a_second_call_replays_the_first_calls_graphs(models):
     assert eng.graphs.captures == captures
 
 
-def test_a_broken_trace_would_be_seen(models):
+def test_a_broken_trace_would_be_seen(models, monkeypatch):
     """The stand-in can fail: a part that reads a per-step tensor it closed over instead of its input
     (here the pending forward reading state.dl, replaced each step) replays the first step's values."""
     model, head = models
     want = BatchEngine(model, head).generate(PROMPTS[:3], 20, batch_size=3, controller=CONTROLLERS["tree"]())
     eng = _frozen(model, head)
-    eng._pending = lambda state, n, dl, M, span, f=eng._pending: f(state, n, state.dl, M, span)
+    monkeypatch.setattr(batch_step, "pending", lambda head, state, n, dl, M, span, f=batch_step.pending:
+                        f(head, state, n, state.dl, M, span))
     try:
         with torch.inference_mode():
             got = eng.generate(PROMPTS[:3], 20, batch_size=3, controller=CONTROLLERS["tree"]())

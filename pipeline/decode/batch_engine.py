@@ -61,18 +61,17 @@ keyed by the stores' addresses, and rows leaving or joining (a copy of the store
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 
 import torch
 
 from pipeline.decode import arch
+from pipeline.decode import batch_step as step
 from pipeline.decode.batch_kv import BatchState
 from pipeline.decode.batch_result import BatchResult, RowCycle, RowResult, cut
-from pipeline.decode.batch_verify import (TreeBatch, accept_greedy_batch, accept_sampling_rows, commit_order,
-                                          emitted_tokens, root_trees, select_trees, verify_forward)
+from pipeline.decode.batch_rows import Call, Rows
+from pipeline.decode.batch_verify import TreeBatch, accept_sampling_rows, verify_forward
 from pipeline.decode.controller import (BatchController, BatchStepContext, StaticBatchController, StepRecord,
                                         StepShape)
-from pipeline.decode.draft import expand_tree
 from pipeline.decode.engine import prepare_modules
 from pipeline.decode.head import Eagle3Head
 from pipeline.decode.tree import log_softmax32
@@ -89,43 +88,6 @@ SPAN_BUCKET = 128  # with CUDA graphs: the key span of a step, rounded up to a m
 
 def pow2_at_least(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
-
-
-@dataclass
-class _Call:
-    """One generate call: its inputs (per prompt), its result so far and the prompts still queued."""
-
-    prompts: list[list[int]]
-    max_new: list[int]              # max_new_tokens per prompt
-    seeds: list[int]                # sampling seed per prompt
-    T: float                        # temperature
-    features: bool                  # EAGLE-3 (target features, head cache) or AR
-    res: BatchResult
-    queue: list[int]                # prompt indices not started, next last (pop())
-    arrival: list[float] | None = None  # s on the call's clock, per prompt (None: all at 0)
-    t0: float = 0.0                 # the clock at the call's start
-
-
-class _Rows:
-    """The host side of the slots: which request each holds (-1: none), its tokens, generator and history."""
-
-    def __init__(self, B: int):
-        self.req: list[int] = []
-        self.out: list[list[int]] = []
-        self.gen: list[torch.Generator | None] = []
-        self.hist: list[list[int]] = []
-        self.add(B)
-
-    def add(self, k: int) -> None:
-        self.req, self.out = self.req + [-1] * k, self.out + [[] for _ in range(k)]
-        self.gen, self.hist = self.gen + [None] * k, self.hist + [[] for _ in range(k)]
-
-    def set(self, s: int, req: int, out: list[int], gen: torch.Generator) -> None:
-        self.req[s], self.out[s], self.gen[s], self.hist[s] = req, out, gen, []
-
-    def keep(self, keep: list[int]) -> None:
-        for name in ("req", "out", "gen", "hist"):
-            setattr(self, name, [getattr(self, name)[s] for s in keep])
 
 
 class BatchEngine:
@@ -208,11 +170,11 @@ class BatchEngine:
             return res
         controller.reset()
         t0 = self.clock()
-        run = _Call(prompts, max_new, seeds, temperature, features, res, queue=list(range(len(prompts)))[::-1],
+        run = Call(prompts, max_new, seeds, temperature, features, res, queue=list(range(len(prompts)))[::-1],
                     arrival=arrivals, t0=t0)
         B = min(batch_size, len(prompts) if arrivals is None else self._arrived(run))
         state = self._stores(B, self._span(max(len(p) for p in prompts) + max(max_new) + HEADROOM) + 1, features)
-        rows = _Rows(B)
+        rows = Rows(B)
         for s in range(B):
             res.prefill_s += self._fill(s, state, rows, run)
         self._drop_dead(state, rows)
@@ -243,11 +205,11 @@ class BatchEngine:
         return -(-n // self.span_bucket) * self.span_bucket
 
     # -- the call's clock and arrivals ---------------------------------------------------------------
-    def _now(self, run: _Call) -> float:
+    def _now(self, run: Call) -> float:
         """s since the call's start, waits for arrivals skipped (module docstring)."""
         return self.clock() - run.t0 + run.res.idle_s
 
-    def _arrived(self, run: _Call) -> int:
+    def _arrived(self, run: Call) -> int:
         """Requests queued that have arrived by now (all of them without arrival times). Prompts start
         in index order and arrivals do not decrease, so it is (arrived by now) - (started)."""
         if run.arrival is None or not run.queue:
@@ -255,7 +217,7 @@ class BatchEngine:
         started = len(run.prompts) - len(run.queue)
         return max(0, bisect.bisect_right(run.arrival, self._now(run)) - started)
 
-    def _admit(self, state: BatchState, rows: _Rows, run: _Call, max_batch: int) -> None:
+    def _admit(self, state: BatchState, rows: Rows, run: Call, max_batch: int) -> None:
         """Arrived requests take new slots up to max_batch rows (arrivals only; a closed call refills
         in place). The prefills count as the last step's refills."""
         k = min(max_batch - len(rows.req), self._arrived(run)) if run.arrival is not None else 0
@@ -271,7 +233,7 @@ class BatchEngine:
             run.res.steps[-1].t_refill += t
 
     # -- rows joining and leaving --------------------------------------------------------------------
-    def _fill(self, s: int, state: BatchState, rows: _Rows, run: _Call) -> float:
+    def _fill(self, s: int, state: BatchState, rows: Rows, run: Call) -> float:
         """Prefill queued prompts into slot s (batch 1, as Engine.generate) until one does not finish
         at its first token. Returns the seconds spent."""
         from transformers import DynamicCache
@@ -304,7 +266,7 @@ class BatchEngine:
             break
         return self.clock() - t0
 
-    def _drop_dead(self, state: BatchState, rows: _Rows) -> None:
+    def _drop_dead(self, state: BatchState, rows: Rows) -> None:
         """Slots left empty (the queue ran dry) leave the batch: the stores keep the live rows only."""
         keep = [s for s, r in enumerate(rows.req) if r >= 0]
         if len(keep) < len(rows.req):
@@ -319,45 +281,19 @@ class BatchEngine:
         span = self._span(max(state.n_host))
         state.ensure(max(span, max(state.dl_host) + M) + 1)
         key = ("pending", state.rows, state.capacity, M, span, state.buffers())
-        root = self.graphs.run(key, lambda n, dl: self._pending(state, n, dl, M, span), state.n, state.dl)
+        root = self.graphs.run(key, lambda n, dl: step.pending(self.head, state, n, dl, M, span), state.n, state.dl)
         state.dl, state.dl_host = state.n.clone(), list(state.n_host)
         return root
-
-    def _pending(self, state: BatchState, n: torch.Tensor, dl: torch.Tensor, M: int, span: int):
-        """Row r's pending entries t in [dl_r, n_r), padded to M (the padding repeats entry n_r - 1;
-        its writes land at dl_r + i >= n_r, past the row, stale): written in the row's head slot, a
-        query at t sees the row's entries <= t. n, dl: [A]."""
-        head, dev = self.head, self.device
-        t = torch.minimum(dl[:, None] + torch.arange(M, device=dev), n[:, None] - 1)      # [A, M] entry index
-        ar = torch.arange(state.rows, device=dev)[:, None]
-        allowed = torch.arange(span, device=dev)[None, None, :] <= t[:, :, None]           # [A, M, span]
-        mask = torch.zeros(allowed.shape, dtype=head.dtype, device=dev)
-        mask.masked_fill_(~allowed, torch.finfo(head.dtype).min)
-        state.hkv.pos, state.hkv.span = dl, span
-        g, _, _ = head(state.ids.gather(1, t + 1), state.feat[ar, t], t, past_kv=state.hkv,
-                       attn_mask=mask[:, None], logits=False)                             # [A, M, H]
-        root_hidden = g[ar[:, 0], n - dl - 1]                                              # [A, H] entry n_r - 1
-        return root_hidden, head.logits_of(root_hidden)
 
     def _draft(self, state: BatchState, shape: StepShape, root) -> TreeBatch:
         """D - 1 forwards over the A x W beams (forward 1 was the pending one) and A trees of V
         nodes, graphed per (A, D, W, V, span)."""
         span = self._span(max(state.n_host))
         key = ("draft", state.rows, state.capacity, shape, span, state.buffers())
-        fn = lambda n, rh, rl: self._draft_trees(state, shape, span, n, rh, rl)
+        fn = lambda n, rh, rl: step.draft_trees(self.head, state, shape, span, n, rh, rl)
         return TreeBatch(*self.graphs.run(key, fn, state.n, *root))
 
-    def _draft_trees(self, state: BatchState, shape: StepShape, span: int, n, root_hidden, root_logits):
-        prefix_mask = torch.arange(span, device=self.device)[None, :] < n[:, None]          # [A, span] own entries
-        pool = expand_tree(self.head, state.hkv.prefix(span), prefix_mask, root_hidden, root_logits, n - 1,
-                           shape.width, shape.depth)
-        t = select_trees(pool, self._roots(state, n), shape.verify_size)
-        return t.tokens, t.parents, t.depths, t.mask
-
-    def _roots(self, state: BatchState, n: torch.Tensor) -> torch.Tensor:
-        return state.ids.gather(1, n[:, None])[:, 0]                                       # [A] x_{n_r}
-
-    def _verify(self, state: BatchState, trees: TreeBatch | None, run: _Call, gens: list) -> tuple[list[list[int]], int]:
+    def _verify(self, state: BatchState, trees: TreeBatch | None, run: Call, gens: list) -> tuple[list[list[int]], int]:
         """Target forward, acceptance, commit (trees None: the off step, each root alone). Greedy:
         one graph per (A, V, span). Returns per row [L, emitted tokens...] (the step's one host read) and V."""
         V = 1 if trees is None else trees.size
@@ -366,46 +302,19 @@ class BatchEngine:
         tree = () if trees is None else (trees.tokens, trees.parents, trees.depths, trees.mask)
         if run.T <= 0:
             key = ("verify", state.rows, state.capacity, V, span, run.features, state.buffers())
-            packed_dev = self.graphs.run(key, lambda n, *t: self._verify_greedy(state, span, run.features, n, *t),
-                                         state.n, *tree)
+            fn = lambda n, *t: step.verify_greedy(self.model, self.head, state, span, run.features, n, *t)
+            packed_dev = self.graphs.run(key, fn, state.n, *tree)
         else:                     # eager: the forward's fp32 logits [A, V, vocab] would be held per graph
-            tb = self._trees(state, state.n, tree)
+            tb = step.trees_of(state, state.n, tree)
             logits, hs = verify_forward(self.model, tb, state.n, span, state.kv, run.features)
             accepted, bonus = accept_sampling_rows(tb, logits, run.T, gens)
-            packed_dev = self._commit(state, state.n, tb, accepted, bonus, hs)
+            packed_dev = step.commit(self.head, state, state.n, tb, accepted, bonus, hs)
         packed = packed_dev.tolist()                                                      # the host sync
         state.n = state.n + packed_dev[:, 0] + 1
         state.n_host = [n + p[0] + 1 for n, p in zip(state.n_host, packed)]
         return packed, V
 
-    def _trees(self, state: BatchState, n: torch.Tensor, tree: tuple) -> TreeBatch:
-        return TreeBatch(*tree) if tree else root_trees(self._roots(state, n))
-
-    def _verify_greedy(self, state: BatchState, span: int, features: bool, n: torch.Tensor, *tree) -> torch.Tensor:
-        trees = self._trees(state, n, tree)
-        logits, hs = verify_forward(self.model, trees, n, span, state.kv, features)
-        accepted, bonus = accept_greedy_batch(trees, logits)
-        return self._commit(state, n, trees, accepted, bonus, hs)
-
-    def _commit(self, state: BatchState, n: torch.Tensor, trees: TreeBatch, accepted, bonus, hs) -> torch.Tensor:
-        """Row r keeps its accepted path's target KV at n_r .., its tokens x_{n+1} .. and fused
-        features f_n .. (all V written: past L_r + 1 they are stale). Returns [A, 1 + V]: L_r, then
-        the emitted tokens (-1 past L_r + 1)."""
-        A, V, dev = state.rows, trees.size, self.device
-        order, L = commit_order(accepted)
-        emit = emitted_tokens(trees, order, L, bonus)                                     # [A, V]
-        if V > 1:
-            state.kv.compact(n, order)
-        ar, k = torch.arange(A, device=dev)[:, None], torch.arange(V, device=dev)[None, :]
-        state.ids[ar, n[:, None] + 1 + k] = emit.clamp(min=0)                             # x_{n+1} .. (past L+1: stale)
-        if hs is not None:                                                               # f_n .. f_{n+L}: pending next
-            picked = list(hs)
-            for i in set(self.head.layer_ids):
-                picked[i] = torch.gather(hs[i], 1, order[..., None].expand(A, V, hs[i].shape[-1]))
-            state.feat[ar, n[:, None] + k] = self.head.fuse(tuple(picked))
-        return torch.cat([L[:, None], emit], 1)
-
-    def _plan(self, state: BatchState, rows: _Rows, run: _Call, controller: BatchController, queued: int):
+    def _plan(self, state: BatchState, rows: Rows, run: Call, controller: BatchController, queued: int):
         """Ask the controller for the step's shape. A controller that uses confidences gets each
         root's depth-1 top draft log-prob, from the pending forward run first (its time is t_draft).
         Returns (shape, the pending forward's roots or None, t_draft so far, t_controller so far)."""
@@ -425,7 +334,7 @@ class BatchEngine:
             raise DraftGymError(f"step shape {shape.label()} drafts, but this generation has no EAGLE-3 head")
         return shape, root, c0 - t0, clock() - c0
 
-    def _step(self, state: BatchState, rows: _Rows, run: _Call, controller: BatchController) -> None:
+    def _step(self, state: BatchState, rows: Rows, run: Call, controller: BatchController) -> None:
         clock, res = self.clock, run.res
         A = state.rows
         queued = self._arrived(run)
@@ -465,7 +374,7 @@ class BatchEngine:
             res.prefill_s += t
         self._drop_dead(state, rows)
 
-    def _emit(self, rows: _Rows, record: StepRecord, packed: list[list[int]], run: _Call) -> list[int]:
+    def _emit(self, rows: Rows, record: StepRecord, packed: list[list[int]], run: Call) -> list[int]:
         """Append each row's tokens, cut at EOS / max_new_tokens; returns the slots that finished."""
         done = []
         for s, p in enumerate(packed):

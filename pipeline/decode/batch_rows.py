@@ -1,0 +1,47 @@
+"""The host side of a batched generate call (pipeline/decode/batch_engine.py): the call's inputs,
+result and queue (`Call`), and which request each slot holds with its tokens, generator and
+accepted-length history (`Rows`). The device side is pipeline/decode/batch_kv.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.decode.batch_result import BatchResult
+
+
+@dataclass
+class Call:
+    """One generate call: its inputs (per prompt), its result so far and the prompts still queued."""
+
+    prompts: list[list[int]]
+    max_new: list[int]              # max_new_tokens per prompt
+    seeds: list[int]                # sampling seed per prompt
+    T: float                        # temperature
+    features: bool                  # EAGLE-3 (target features, head cache) or AR
+    res: BatchResult
+    queue: list[int]                # prompt indices not started, next last (pop())
+    arrival: list[float] | None = None  # s on the call's clock, per prompt (None: all at 0)
+    t0: float = 0.0                 # the clock at the call's start
+
+
+class Rows:
+    """The host side of the slots: which request each holds (-1: none), its tokens, generator and history."""
+
+    def __init__(self, B: int):
+        self.req: list[int] = []
+        self.out: list[list[int]] = []
+        self.gen: list[torch.Generator | None] = []
+        self.hist: list[list[int]] = []
+        self.add(B)
+
+    def add(self, k: int) -> None:
+        self.req, self.out = self.req + [-1] * k, self.out + [[] for _ in range(k)]
+        self.gen, self.hist = self.gen + [None] * k, self.hist + [[] for _ in range(k)]
+
+    def set(self, s: int, req: int, out: list[int], gen: torch.Generator) -> None:
+        self.req[s], self.out[s], self.gen[s], self.hist[s] = req, out, gen, []
+
+    def keep(self, keep: list[int]) -> None:
+        for name in ("req", "out", "gen", "hist"):
+            setattr(self, name, [getattr(self, name)[s] for s in keep])

@@ -1,0 +1,90 @@
+"""The fixed-shape parts of a batched step: what the batched engine hands to its CUDA graph cache.
+
+Each function below computes on device tensors only: its shapes follow from its Python arguments
+(A = state.rows, M, span, the step shape) and never from tensor values, it reads nothing back to
+the host, and it writes only into the stores of `state` (pipeline/decode/batch_kv.py) at indices
+that its tensor inputs give. So one call can be recorded as a CUDA graph and replayed on later
+steps of the same shape with new inputs copied in (pipeline/runtime/cuda_graphs.py); on a CPU the
+engine calls them directly. tests/test_compile_step.py traces each whole (`fullgraph=True`) and
+tests/test_cuda_graphs.py replays them from frozen traces.
+
+    pending       the head over each row's pending entries          n, dl [A] -> [A, H], [A, draft_vocab]
+    draft_trees   D - 1 levels over A x W beams, A trees of V nodes   n [A], root -> tokens, parents,
+                                                                      depths [A, V], mask [A, V, V]
+    verify_greedy target forward over the A x V tree tokens, greedy  n [A], tree -> [A, 1 + V]: L_r,
+                  acceptance, commit                                  then the emitted tokens
+"""
+from __future__ import annotations
+
+import torch
+
+from pipeline.decode.batch_kv import BatchState
+from pipeline.decode.batch_verify import (TreeBatch, accept_greedy_batch, commit_order, emitted_tokens, root_trees,
+                                          select_trees, verify_forward)
+from pipeline.decode.controller import StepShape
+from pipeline.decode.draft import expand_tree
+
+
+def pending(head, state: BatchState, n: torch.Tensor, dl: torch.Tensor, M: int, span: int):
+    """Row r's pending entries t in [dl_r, n_r), padded to M (the padding repeats entry n_r - 1; its
+    writes land at dl_r + i >= n_r, past the row, stale): written in the row's head slot, a query at
+    t sees the row's entries <= t. Returns each root's head output [A, H] (entry n_r - 1) and its
+    draft logits [A, draft_vocab]."""
+    dev = n.device
+    t = torch.minimum(dl[:, None] + torch.arange(M, device=dev), n[:, None] - 1)          # [A, M] entry index
+    ar = torch.arange(state.rows, device=dev)[:, None]
+    allowed = torch.arange(span, device=dev)[None, None, :] <= t[:, :, None]               # [A, M, span]
+    mask = torch.zeros(allowed.shape, dtype=head.dtype, device=dev)
+    mask.masked_fill_(~allowed, torch.finfo(head.dtype).min)
+    state.hkv.pos, state.hkv.span = dl, span
+    g, _, _ = head(state.ids.gather(1, t + 1), state.feat[ar, t], t, past_kv=state.hkv,
+                   attn_mask=mask[:, None], logits=False)                                 # [A, M, H]
+    root_hidden = g[ar[:, 0], n - dl - 1]                                                  # [A, H]
+    return root_hidden, head.logits_of(root_hidden)
+
+
+def roots(state: BatchState, n: torch.Tensor) -> torch.Tensor:
+    """Each row's root x_{n_r} (emitted, not yet in the target cache): [A]."""
+    return state.ids.gather(1, n[:, None])[:, 0]
+
+
+def draft_trees(head, state: BatchState, shape: StepShape, span: int, n, root_hidden, root_logits):
+    """D - 1 head forwards over the A x W beams (forward 1 was `pending`), each root masked to its
+    own row's head entries [0, n_r); then A trees of V nodes (pipeline/decode/batch_verify.py)."""
+    prefix_mask = torch.arange(span, device=n.device)[None, :] < n[:, None]                # [A, span] own entries
+    pool = expand_tree(head, state.hkv.prefix(span), prefix_mask, root_hidden, root_logits, n - 1,
+                       shape.width, shape.depth)
+    t = select_trees(pool, roots(state, n), shape.verify_size)
+    return t.tokens, t.parents, t.depths, t.mask
+
+
+def trees_of(state: BatchState, n: torch.Tensor, tree: tuple) -> TreeBatch:
+    """The step's trees from their tensors; none given: the off step, each root alone."""
+    return TreeBatch(*tree) if tree else root_trees(roots(state, n))
+
+
+def verify_greedy(model, head, state: BatchState, span: int, features: bool, n: torch.Tensor, *tree):
+    """Target forward over the trees on keys [0, span), greedy acceptance, commit: [A, 1 + V]."""
+    trees = trees_of(state, n, tree)
+    logits, hs = verify_forward(model, trees, n, span, state.kv, features)
+    accepted, bonus = accept_greedy_batch(trees, logits)
+    return commit(head, state, n, trees, accepted, bonus, hs)
+
+
+def commit(head, state: BatchState, n: torch.Tensor, trees: TreeBatch, accepted, bonus, hs) -> torch.Tensor:
+    """Row r keeps its accepted path's target KV at n_r .., its tokens x_{n+1} .. and fused features
+    f_n .. (all V written: past L_r + 1 they are stale, overwritten before they are read). Returns
+    [A, 1 + V]: L_r, then the emitted tokens (-1 past L_r + 1)."""
+    A, V, dev = state.rows, trees.size, n.device
+    order, L = commit_order(accepted)
+    emit = emitted_tokens(trees, order, L, bonus)                                         # [A, V]
+    if V > 1:
+        state.kv.compact(n, order)
+    ar, k = torch.arange(A, device=dev)[:, None], torch.arange(V, device=dev)[None, :]
+    state.ids[ar, n[:, None] + 1 + k] = emit.clamp(min=0)                                 # x_{n+1} ..
+    if hs is not None:                                                                   # f_n .. f_{n+L}: pending next
+        picked = list(hs)
+        for i in set(head.layer_ids):
+            picked[i] = torch.gather(hs[i], 1, order[..., None].expand(A, V, hs[i].shape[-1]))
+        state.feat[ar, n[:, None] + k] = head.fuse(tuple(picked))
+    return torch.cat([L[:, None], emit], 1)
