@@ -81,9 +81,12 @@ class CheckConfig:
     dtype: str = "bfloat16"
     target: str = "llama-3.1-8b"                         # llama-3.1-8b | tiny
     shapes: tuple = ((8, 10, 60), (4, 10, 20), (5, 1, 6))   # static trees (D, W, V)
-    prompts: int = 3                                     # lossless: random prompts
+    prompts: int = 3                                     # lossless: random prompts (batch 1)
     prompt_lens: tuple = (32, 128, 512)                  # lossless: their lengths, in turn
     new_tokens: int = 48                                 # lossless: tokens per generation
+    lossless_batch_sizes: tuple = (1, 4, 16, 64)         # lossless: the batched engine at these B
+    lossless_batch_shapes: tuple = ((8, 10, 60), (5, 1, 6))
+    lossless_batch_tokens: int = 24
     contexts: tuple = (128, 1024)                        # latency: context lengths
     verify_sizes: tuple = (1, 2, 4, 8, 16, 32, 60, 100, 160)
     widths: tuple = (1, 10)
@@ -106,7 +109,7 @@ class CheckConfig:
 def dry_run_sizes(cfg: CheckConfig) -> CheckConfig:
     """The same steps at tiny size on the CPU, in fp32 (the strict lossless rule)."""
     return replace(cfg, dry_run=True, device="cpu", dtype="float32", target="tiny", shapes=((8, 10, 60), (5, 1, 6)),
-                   prompts=2, prompt_lens=(8, 16), new_tokens=8, contexts=(8,), verify_sizes=(1, 4), widths=(2,),
+                   prompts=2, prompt_lens=(8, 16), new_tokens=8, lossless_batch_sizes=(1, 3), lossless_batch_tokens=6, contexts=(8,), verify_sizes=(1, 4), widths=(2,),
                    repeats=2, cycle_tokens=6, batch_sizes=(1, 2), batch_steps=2, validate_sets=1, validate_prompts=1,
                    validate_new_tokens=4)
 
@@ -234,46 +237,6 @@ def build_head(cfg: CheckConfig, model):
 
 # -- step 2: lossless at several tree shapes -------------------------------------------------------
 
-def check_lossless(cfg: CheckConfig, deadline: float, model, head) -> dict:
-    """AR once per prompt, then EAGLE-3 at every shape; each output classified against AR's."""
-    import torch
-
-    from pipeline.decode.controller import StaticController
-    from pipeline.decode.engine import Engine
-    from pipeline.decode.lossless import classify, summarize_verdicts
-
-    eng = Engine(model, head)
-    g = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    verdicts = {s: [] for s in cfg.shapes}
-    taus = {s: [] for s in cfg.shapes}
-    done = True
-    for i in range(cfg.prompts):
-        if time.perf_counter() > deadline:
-            done = False
-            break
-        n = cfg.prompt_lens[i % len(cfg.prompt_lens)]
-        p = torch.randint(0, vocab, (n,), generator=g).tolist()
-        ar = eng.generate_ar(p, cfg.new_tokens).output_ids
-        for s in cfg.shapes:
-            sp = eng.generate(p, cfg.new_tokens, controller=StaticController(*s))
-            verdicts[s].append(classify(model, p, ar, sp.output_ids))
-            taus[s].append(sp.tau)
-    rows = []
-    for s in cfg.shapes:
-        summ = summarize_verdicts(verdicts[s])
-        rows.append({"shape": list(s), "prompts": len(verdicts[s]), **summ["counts"],
-                     "tau": sum(taus[s]) / len(taus[s]) if taus[s] else None,
-                     "max_gap_ulps": max((d["gap_ulps"] or 0.0 for d in summ["divergences"]), default=None),
-                     "divergences": summ["divergences"]})
-    bad = sum(r["mismatch"] for r in rows)
-    status = "failed" if bad else ("ok" if done else "partial")
-    return {"status": status, "reason": (f"{bad} mismatch(es)" if bad else None if done else "time budget: fewer prompts"),
-            "target": cfg.target, "dtype": cfg.dtype, "new_tokens": cfg.new_tokens,
-            "prompt_lens": [cfg.prompt_lens[i % len(cfg.prompt_lens)] for i in range(max(len(v) for v in verdicts.values()))],
-            "head_draft_vocab": head.cfg.draft_vocab_size, "shapes": rows}
-
-
 # -- the run ---------------------------------------------------------------------------------------
 
 def run_check(cfg: CheckConfig) -> dict:
@@ -281,6 +244,7 @@ def run_check(cfg: CheckConfig) -> dict:
     import torch
 
     from online.gpu_kernels import kernel_traces
+    from online.gpu_lossless import check_lossless
     from online.gpu_latency import profile_latency
     from online.gpu_report import write_reports
     from online.gpu_validate import run_validate_step

@@ -37,8 +37,11 @@ def summary_line(step: str, r: dict) -> str:
         c = r.get("counts", {})
         return ", ".join(f"{v} {k}" for k, v in c.items()) + (" (collected only: dry run)" if r.get("collect_only") else "")
     if step == "lossless":
+        bl = (r.get("batched") or {}).get("rows", [])
         return "; ".join(f"{_shape(s['shape'])}: {s['exact']} exact, {s['near-tie']} near-tie, {s['mismatch']} mismatch"
-                         for s in r.get("shapes", []))
+                         for s in r.get("shapes", [])) + (
+            f"; batched engine at B = {', '.join(str(b) for b in sorted({x['B'] for x in bl}))}: "
+            f"{sum(x['mismatch'] for x in bl)} mismatch in {sum(x['prompts'] for x in bl)} rows" if bl else "")
     if step == "latency":
         ar = [o for o in r.get("ops", []) if o["op"] == "ar_step"]
         cyc = r.get("cycles", [])
@@ -80,6 +83,18 @@ def render_markdown(rep: dict) -> str:
         lines += _table(["tree (D, W, V)", "prompts", "exact", "near-tie", "mismatch", "tau", "largest gap (ulps)"],
                         [[_shape(s["shape"]), s["prompts"], s["exact"], s["near-tie"], s["mismatch"], _f(s["tau"]),
                           _f(s["max_gap_ulps"], "{:.1f}")] for s in lossless["shapes"]])
+    bl = lossless.get("batched") or {}
+    if bl.get("rows"):
+        g = bl.get("graphs") or {}
+        lines += [f"Lossless, the batched engine ({bl['new_tokens']} new tokens a row, each row against the same "
+                  f"engine's AR at B = 1; span bucket {bl['span_bucket']}; CUDA graphs "
+                  + ("on, " + f"{g['captures']} captures" if g.get("cuda_graphs") else "off")
+                  + (f", capture FAILED: {g['failure']}" if g.get("failure") else "") + "):", ""]
+        lines += _table(["B", "tree (D, W, V)", "prompts", "exact", "near-tie", "mismatch", "largest gap (ulps)"],
+                        [[r["B"], _shape(r["shape"]), r["prompts"], r["exact"], r["near-tie"], r["mismatch"],
+                          _f(r["max_gap_ulps"], "{:.1f}")] for r in bl["rows"]])
+    elif bl:
+        lines += [f"Lossless, the batched engine: {bl.get('status')} ({bl.get('reason')}).", ""]
     lat = steps.get("latency", {})
     if lat.get("ops"):
         lines += [f"Latency at batch 1 on {lat['device']} (ms, median [p10, p90]; n timed calls):", ""]

@@ -69,10 +69,11 @@ from pipeline.decode import batch_step as step
 from pipeline.decode.batch_kv import BatchState
 from pipeline.decode.batch_result import BatchResult, RowCycle, RowResult, cut
 from pipeline.decode.batch_rows import Call, Rows
-from pipeline.decode.batch_verify import TreeBatch, accept_sampling_rows, verify_forward
+from pipeline.decode.batch_verify import TreeBatch, accept_sampling_rows, select_trees, verify_forward
 from pipeline.decode.controller import (BatchController, BatchStepContext, StaticBatchController, StepRecord,
                                         StepShape)
-from pipeline.decode.engine import prepare_modules
+from pipeline.decode.prepare import prepare_modules
+from pipeline.decode.draft import expand_tree
 from pipeline.decode.head import Eagle3Head
 from pipeline.decode.tree import log_softmax32
 from pipeline.decode.verify import sample_token, target_forward
@@ -293,6 +294,30 @@ class BatchEngine:
         fn = lambda n, rh, rl: step.draft_trees(self.head, state, shape, span, n, rh, rl)
         return TreeBatch(*self.graphs.run(key, fn, state.n, *root))
 
+    def _draft_by_level(self, state: BatchState, shape: StepShape, root, controller) -> tuple[TreeBatch, int, float]:
+        """A batch-1 controller's level hooks (OneRowController, B = 1 only): `continue_drafting` after
+        each draft level may stop the draft, `verify_size` picks V from the pool, as the batch-1 engine
+        asks them. Eager (each ask reads the host); the verify is graphed as any. Returns the trees,
+        the depth drafted and the seconds spent in the hooks (device-synchronised, as t_controller)."""
+        if state.rows != 1:
+            raise DraftGymError(f"a controller with level hooks runs at batch size 1, got {state.rows} rows")
+        clock, spent = self.clock, [0.0]
+
+        def ask(step):
+            a = clock()                                      # the draft level before this ask ends here
+            go = controller.continue_drafting(step)
+            spent[0] += clock() - a
+            return go
+
+        span = self._span(max(state.n_host))
+        prefix_mask = torch.arange(span, device=self.device)[None, :] < state.n[:, None]
+        pool = expand_tree(self.head, state.hkv.prefix(span), prefix_mask, root[0], root[1], state.n - 1, shape.width,
+                           shape.depth, context_len=state.n_host, should_continue=ask)
+        a = clock()
+        V = int(controller.verify_size(pool, shape))
+        spent[0] += clock() - a
+        return select_trees(pool, step.roots(state, state.n), V), pool.depth, spent[0]
+
     def _verify(self, state: BatchState, trees: TreeBatch | None, run: Call, gens: list) -> tuple[list[list[int]], int]:
         """Target forward, acceptance, commit (trees None: the off step, each root alone). Greedy:
         one graph per (A, V, span). Returns per row [L, emitted tokens...] (the step's one host read) and V."""
@@ -341,8 +366,12 @@ class BatchEngine:
         t_start = clock()
         shape, root, t_draft, t_ctrl = self._plan(state, rows, run, controller, queued)
         d0 = clock()
+        depth, t_hooks = shape.depth, 0.0
         if shape.is_off:
             trees, width, size = None, 1, 1
+        elif getattr(controller, "level_hooks", False):
+            trees, depth, t_hooks = self._draft_by_level(state, shape, root or self._pending_forward(state), controller)
+            width, size = min(shape.width, self.head.cfg.draft_vocab_size), trees.size
         else:
             trees = self._draft(state, shape, root or self._pending_forward(state))
             width, size = min(shape.width, self.head.cfg.draft_vocab_size), trees.size
@@ -350,11 +379,12 @@ class BatchEngine:
             i = rows.req[max(range(A), key=state.n_host.__getitem__)]          # as Engine: refused at its step
             arch.check_length(self.model.config, len(run.prompts[i]), run.max_new[i], size)
         v0 = clock()
-        t_draft += v0 - d0
+        t_draft += v0 - d0 - t_hooks
+        t_ctrl += t_hooks
         ctx_lens = list(state.n_host)
         packed, V = self._verify(state, trees, run, rows.gen)
         t_verify = clock() - v0
-        record = StepRecord(step=len(res.steps), batch_size=A, depth=shape.depth, width=width, verify_size=V,
+        record = StepRecord(step=len(res.steps), batch_size=A, depth=depth, width=width, verify_size=V,
                             rows=list(rows.req), context_lens=ctx_lens, accepted=[p[0] for p in packed],
                             emitted=[], queued=queued, t_draft=t_draft, t_verify=t_verify)
         done = self._emit(rows, record, packed, run)

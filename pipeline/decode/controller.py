@@ -13,7 +13,9 @@ At batch size B (pipeline/decode/batch_engine.py) one shape serves every row of 
 batch controller has two hooks: `plan(BatchStepContext)` -> StepShape (off, chain or tree) once per
 step, and `observe(StepRecord)` after it. Provided: StaticBatchController (one shape; off every
 step is AR at batch B), ScheduleBatchController (batch-size ranges -> shape) and
-ScriptedBatchController (a fixed sequence of shapes).
+ScriptedBatchController (a fixed sequence of shapes). OneRowController runs a batch-1 Controller
+on the batched engine at B = 1, its level hooks included (the engine then drafts that step level
+by level, eagerly: each ask reads the host).
 """
 from __future__ import annotations
 
@@ -264,3 +266,50 @@ class ScriptedBatchController(BatchController):
 
     def plan(self, ctx: BatchStepContext) -> StepShape:
         return self.shapes[ctx.step % len(self.shapes)]
+
+
+def uses_level_hooks(controller: Controller) -> bool:
+    """Whether a batch-1 controller drafts level by level (`continue_drafting`) or sizes the tree from
+    the pool (`verify_size`): its own `level_hooks` if it says, else whether it overrides either."""
+    own = getattr(controller, "level_hooks", None)
+    if own is not None:
+        return bool(own)
+    t = type(controller)
+    return t.continue_drafting is not Controller.continue_drafting or t.verify_size is not Controller.verify_size
+
+
+def cycle_record(r: StepRecord) -> CycleRecord:
+    """A B = 1 step as the batch-1 engine's cycle record (t_cycle = t_step)."""
+    return CycleRecord(depth=r.depth, width=r.width, verify_size=r.verify_size, accepted=r.accepted[0],
+                       emitted=r.emitted[0], context_len=r.context_lens[0], t_draft=r.t_draft, t_verify=r.t_verify,
+                       t_controller=r.t_controller, t_cycle=r.t_step)
+
+
+class OneRowController(BatchController):
+    """A batch-1 `Controller` on the batched engine at B = 1: `plan` sees the CycleContext and
+    `observe` the CycleRecord the batch-1 engine gives it; `level_hooks` tells the engine to ask
+    `continue_drafting` after each draft level and `verify_size` before selection."""
+
+    def __init__(self, controller: Controller):
+        self.inner = controller
+        self.level_hooks = uses_level_hooks(controller)
+        self.shape = StepShape.of(getattr(controller, "shape", None) or TreeShape())
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def plan(self, ctx: BatchStepContext) -> StepShape:
+        if ctx.batch_size != 1:
+            raise DraftGymError(f"a batch-1 controller ({type(self.inner).__name__}) runs at batch size 1, "
+                                f"got {ctx.batch_size} rows")
+        last = cycle_record(ctx.last) if ctx.last is not None else None
+        return StepShape.of(self.inner.plan(CycleContext(ctx.step, ctx.context_lens[0], ctx.new_tokens[0], last)))
+
+    def continue_drafting(self, step: DraftStep) -> bool:
+        return self.inner.continue_drafting(step)
+
+    def verify_size(self, pool: DraftPool, shape: StepShape) -> int:
+        return self.inner.verify_size(pool, TreeShape(shape.depth, shape.width, shape.verify_size))
+
+    def observe(self, record: StepRecord) -> None:
+        self.inner.observe(cycle_record(record))

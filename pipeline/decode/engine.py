@@ -21,12 +21,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from pipeline.decode import arch
-from pipeline.decode.controller import Controller, CycleContext, CycleRecord, StaticController, TreeShape
-from pipeline.runtime.attention_backends import choose_attention
-from pipeline.runtime.cpu_linear import pack_linears
+from pipeline.decode.batch_engine import BatchEngine
+from pipeline.decode.controller import (Controller, CycleContext, CycleRecord, OneRowController, StaticController,
+                                        TreeShape, cycle_record)
 from pipeline.decode.draft import DraftKV, expand_tree
 from pipeline.errors import DraftGymError
 from pipeline.decode.head import Eagle3Head
+from pipeline.decode.prepare import prepare_modules
 from pipeline.runtime.clock import DeviceClock
 from pipeline.decode.tree import select_tree
 from pipeline.decode.verify import (accept_greedy, accept_sampling, compact_cache, sample_token, target_forward,
@@ -69,25 +70,17 @@ class GenerationResult:
         return [asdict(c) for c in self.cycles]
 
 
-def prepare_modules(model, head: Eagle3Head | None) -> None:
-    """What both engines (this one and pipeline/decode/batch_engine.py) do to the target and the head
-    first, so AR and EAGLE-3 at every batch size run the same kernels:
-    - refuse a target whose cache the engines cannot compact (pipeline/decode/arch.py);
-    - on a CPU in fp32, run the linears on oneDNN with packed weights (pipeline/runtime/cpu_linear.py:
-      MKL's few-row sgemm made a 2-8 token verify cost 1.5-1.9x an AR step);
-    - run every forward on the chosen SDPA kernels (pipeline/runtime/attention_backends.py: cuDNN's,
-      PyTorch's first choice on Hopper, re-plans for every new shape, 9-20x slower drafts)."""
-    arch.check_target(model)
-    for m in (model, head):
-        if m is not None:
-            pack_linears(m)
-            choose_attention(m)
-
-
 class Engine:
-    """EAGLE-3 (and AR) generation for one target + one head, batch size 1."""
+    """EAGLE-3 (and AR) generation for one target + one head, batch size 1.
 
-    def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
+    batched: run every generation on the batched engine at B = 1 (pipeline/decode/batch_engine.py:
+    static caches, CUDA graphs; a controller's level hooks are asked as here, that step drafting
+    eagerly), with the same results and records. None = on a CUDA device, where its graphs make
+    the AR step 4.7x faster on an H100 (BENCHMARKS X3); on a CPU the path below stays, 0.3-6 %
+    faster there at B = 1 (BENCHMARKS Q1)."""
+
+    def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None,
+                 batched: bool | None = None):
         prepare_modules(model, head)
         self.model = model
         self.head = head
@@ -98,6 +91,9 @@ class Engine:
         self.clock = DeviceClock(self.device)
         self.window = arch.attention_window(model.config)    # sliding window (tokens), None = full attention
         self.max_positions = arch.max_positions(model.config)
+        if batched is None:
+            batched = self.device.type == "cuda"
+        self.batched = BatchEngine(model, head, self.eos) if batched else None
 
     # -- shared pieces ------------------------------------------------------------------------
     def _check_prompt(self, prompt_ids, max_new_tokens: int, margin: int) -> None:
@@ -125,6 +121,8 @@ class Engine:
     def generate_ar(self, prompt_ids: list[int], max_new_tokens: int = 128, temperature: float = 0.0,
                     seed: int = 0) -> GenerationResult:
         self._check_prompt(prompt_ids, max_new_tokens, 0)
+        if self.batched is not None:
+            return _one_row(self.batched.generate_ar([list(prompt_ids)], max_new_tokens, temperature, seed, 1))
         gen = torch.Generator(device=self.device).manual_seed(seed)
         res = GenerationResult("ar", list(prompt_ids), [])
         clock = self.clock
@@ -172,6 +170,10 @@ class Engine:
         if self.head is None:
             raise DraftGymError("method eagle3 needs an EAGLE-3 head")
         controller = controller or StaticController()
+        if self.batched is not None:
+            self._check_prompt(prompt_ids, max_new_tokens, 0)
+            return _one_row(self.batched.generate([list(prompt_ids)], max_new_tokens, temperature, seed, 1,
+                                                  OneRowController(controller)))
         controller.reset()
         # the verify tree counts against a sliding window (pipeline/decode/arch.py): the controller's
         # static V up front; a larger V chosen by a policy mid-generation is refused at its cycle
@@ -264,3 +266,12 @@ class Engine:
         res.wall_s = clock() - t0
         res.output_ids, res.stop_reason = out, stop
         return res
+
+
+def _one_row(res) -> GenerationResult:
+    """A batched engine's B = 1 result as the batch-1 engine's: its steps are the cycles (an AR
+    call's off steps are none)."""
+    row = res.rows[0]
+    cycles = [] if res.method == "ar" else [cycle_record(s) for s in res.steps]
+    return GenerationResult(res.method, row.prompt_ids, row.output_ids, cycles, wall_s=res.wall_s,
+                            prefill_s=res.prefill_s, stop_reason=row.stop_reason)
