@@ -16,6 +16,7 @@ step, so speedups compare like with like.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -32,6 +33,9 @@ from pipeline.runtime.clock import DeviceClock
 from pipeline.decode.tree import select_tree
 from pipeline.decode.verify import (accept_greedy, accept_sampling, compact_cache, sample_token, target_forward,
                              verify_tree)
+
+
+ONE_ENGINE_ENV = "DRAFTGYM_ONE_ENGINE"
 
 
 @dataclass
@@ -77,7 +81,7 @@ class Engine:
     static caches, CUDA graphs; a controller's level hooks are asked as here, that step drafting
     eagerly), with the same results and records. None = on a CUDA device, where its graphs make
     the AR step 4.7x faster on an H100 (BENCHMARKS X3); on a CPU the path below stays, 0.3-6 %
-    faster there at B = 1 (BENCHMARKS Q1)."""
+    faster there at B = 1 (BENCHMARKS Q1). DRAFTGYM_ONE_ENGINE=1 or 0 overrides that default."""
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None,
                  batched: bool | None = None):
@@ -91,8 +95,9 @@ class Engine:
         self.clock = DeviceClock(self.device)
         self.window = arch.attention_window(model.config)    # sliding window (tokens), None = full attention
         self.max_positions = arch.max_positions(model.config)
-        if batched is None:
-            batched = self.device.type == "cuda"
+        if batched is None:                     # DRAFTGYM_ONE_ENGINE=1 / 0 overrides the device's default
+            env = os.environ.get(ONE_ENGINE_ENV, "").strip().lower()
+            batched = env in ("1", "on", "true", "yes") if env else self.device.type == "cuda"
         self.batched = BatchEngine(model, head, self.eos) if batched else None
 
     # -- shared pieces ------------------------------------------------------------------------
