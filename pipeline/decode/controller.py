@@ -297,12 +297,13 @@ class OneRowController(BatchController):
 
     def reset(self) -> None:
         self.inner.reset()
+        self.records: list[CycleRecord] = []      # what observe gave the controller, one per step
 
     def plan(self, ctx: BatchStepContext) -> StepShape:
         if ctx.batch_size != 1:
             raise DraftGymError(f"a batch-1 controller ({type(self.inner).__name__}) runs at batch size 1, "
                                 f"got {ctx.batch_size} rows")
-        last = cycle_record(ctx.last) if ctx.last is not None else None
+        last = self.records[-1] if ctx.last is not None else None
         return StepShape.of(self.inner.plan(CycleContext(ctx.step, ctx.context_lens[0], ctx.new_tokens[0], last)))
 
     def continue_drafting(self, step: DraftStep) -> bool:
@@ -312,4 +313,13 @@ class OneRowController(BatchController):
         return self.inner.verify_size(pool, TreeShape(shape.depth, shape.width, shape.verify_size))
 
     def observe(self, record: StepRecord) -> None:
-        self.inner.observe(cycle_record(record))
+        """As the batch-1 engine: the controller gets the cycle's record before its controller and
+        cycle times are final; `finish` completes the same objects after the step."""
+        self.records.append(cycle_record(record))
+        self.inner.observe(self.records[-1])
+
+    def finish(self, steps: list[StepRecord]) -> list[CycleRecord]:
+        """The records observe handed out, with each step's final t_controller and t_cycle."""
+        for rec, st in zip(self.records, steps):
+            rec.t_controller, rec.t_cycle = st.t_controller, st.t_step
+        return self.records

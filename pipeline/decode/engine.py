@@ -24,7 +24,7 @@ import torch
 from pipeline.decode import arch
 from pipeline.decode.batch_engine import BatchEngine
 from pipeline.decode.controller import (Controller, CycleContext, CycleRecord, OneRowController, StaticController,
-                                        TreeShape, cycle_record)
+                                        TreeShape)
 from pipeline.decode.draft import DraftKV, expand_tree
 from pipeline.errors import DraftGymError
 from pipeline.decode.head import Eagle3Head
@@ -177,8 +177,9 @@ class Engine:
         controller = controller or StaticController()
         if self.batched is not None:
             self._check_prompt(prompt_ids, max_new_tokens, 0)
-            return _one_row(self.batched.generate([list(prompt_ids)], max_new_tokens, temperature, seed, 1,
-                                                  OneRowController(controller)))
+            one = OneRowController(controller)
+            res = self.batched.generate([list(prompt_ids)], max_new_tokens, temperature, seed, 1, one)
+            return _one_row(res, one.finish(res.steps))
         controller.reset()
         # the verify tree counts against a sliding window (pipeline/decode/arch.py): the controller's
         # static V up front; a larger V chosen by a policy mid-generation is refused at its cycle
@@ -273,10 +274,9 @@ class Engine:
         return res
 
 
-def _one_row(res) -> GenerationResult:
-    """A batched engine's B = 1 result as the batch-1 engine's: its steps are the cycles (an AR
-    call's off steps are none)."""
+def _one_row(res, cycles: list[CycleRecord] | None = None) -> GenerationResult:
+    """A batched engine's B = 1 result as the batch-1 engine's (cycles: the records its controller
+    saw; an AR call has none)."""
     row = res.rows[0]
-    cycles = [] if res.method == "ar" else [cycle_record(s) for s in res.steps]
-    return GenerationResult(res.method, row.prompt_ids, row.output_ids, cycles, wall_s=res.wall_s,
+    return GenerationResult(res.method, row.prompt_ids, row.output_ids, cycles or [], wall_s=res.wall_s,
                             prefill_s=res.prefill_s, stop_reason=row.stop_reason)
