@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+import pipeline.decode.batch_engine as batch_engine_mod
 import pipeline.decode.batch_step as batch_step_mod
 import pipeline.decode.batch_verify as batch_verify_mod
 from pipeline.decode.batch_engine import BatchEngine
@@ -190,7 +191,8 @@ def test_bf16_real_rule_passes_biased_rule_fails(monkeypatch):
 
     real = run()
     assert real["counts"]["mismatch"] == 0, real
-    monkeypatch.setattr(batch_step_mod, "accept_greedy_batch", _biased_batch)
+    for mod in (batch_engine_mod, batch_step_mod):            # the eager path and the graphed parts
+        monkeypatch.setattr(mod, "accept_greedy_batch", _biased_batch)
     biased = run()
     assert biased["counts"]["mismatch"] >= 3, biased
     assert biased["counts"]["exact"] < real["counts"]["exact"]

@@ -42,21 +42,13 @@ equals its batch-1 run's with the same seed and shapes.
 Host syncs: one per step outside the timers (the accepted lengths and tokens, read once); the clock
 reads sync too (pipeline/runtime/clock.py). Row bookkeeping (token lists, EOS, refills) is Python.
 
-On a GPU (issue N) the step's three parts run as CUDA graphs (pipeline/runtime/cuda_graphs.py), one
-per shape, captured the first time a shape occurs and replayed after:
-
-    pending  key (A, M, span)         M = the pending entries, rounded up to a power of two
-    draft    key (A, D, W, V, span)   expand_tree + select_trees
-    verify   key (A, V, span)         target forward + greedy acceptance + commit (T = 0; at T > 0 the
-                                      forward and EAGLE's row-by-row rule run eagerly)
-
-so the shapes must not follow the rows' lengths: the keys a step reads, [0, span), are rounded up to
-a multiple of `span_bucket` (128 with graphs; 1, the exact span, without), the entries past a row's
-own length masked out as before, and the commit writes all V fused features (those past the
-accepted path land past the row's new length, stale). The stores are static: allocated once per
-(B, capacity) and reused by the next call (`BatchState.alias`), so graphs outlive a call; a graph is
-keyed by the stores' addresses, and rows leaving or joining (a copy of the stores) capture anew.
-`DRAFTGYM_CUDA_GRAPHS=0` or `cuda_graphs=False` turns graphs off; the output is the same either way.
+On a GPU (issue N) the step's three fixed-shape parts (pipeline/decode/batch_step.py: pending,
+draft, greedy verify) run as CUDA graphs (pipeline/runtime/cuda_graphs.py), one per key (A, M, span),
+(A, D, W, V, span), (A, V, span), captured the first time a key occurs and replayed after. So that
+shapes do not follow the rows' lengths, the keys a step reads, [0, span), are rounded up to a
+multiple of `span_bucket` (128 with graphs, else 1) and the pending entries M to a power of two.
+The stores are static: made per (B, capacity) and reused by the next call (`BatchState.alias`); a
+graph's key holds their addresses. DRAFTGYM_CUDA_GRAPHS=0 or cuda_graphs=False turns graphs off.
 """
 from __future__ import annotations
 
@@ -68,8 +60,9 @@ from pipeline.decode import arch
 from pipeline.decode import batch_step as step
 from pipeline.decode.batch_kv import BatchState
 from pipeline.decode.batch_result import BatchResult, RowCycle, RowResult, cut
-from pipeline.decode.batch_rows import Call, Rows
-from pipeline.decode.batch_verify import TreeBatch, accept_sampling_rows, select_trees, verify_forward
+from pipeline.decode.batch_rows import Call, Rows, check_call
+from pipeline.decode.batch_verify import (TreeBatch, accept_greedy_batch, accept_sampling_rows, select_trees,
+                                          verify_forward)
 from pipeline.decode.controller import (BatchController, BatchStepContext, StaticBatchController, StepRecord,
                                         StepShape)
 from pipeline.decode.prepare import prepare_modules
@@ -132,30 +125,6 @@ class BatchEngine:
                          StaticBatchController(StepShape.off()), features=False, arrivals=arrivals)
 
     # -- one call --------------------------------------------------------------------------------
-    def _check(self, prompts, max_new_tokens, temperature, seeds, batch_size, tree: int, arrivals=None):
-        if batch_size < 1:
-            raise DraftGymError(f"batch_size must be >= 1, got {batch_size}")
-        if temperature < 0:
-            raise DraftGymError(f"temperature must be >= 0, got {temperature}")
-        seeds = [seeds] * len(prompts) if isinstance(seeds, int) else list(seeds)
-        max_new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        for name, v in (("seeds", seeds), ("max_new_tokens", max_new)):
-            if len(v) != len(prompts):
-                raise DraftGymError(f"{len(v)} {name} for {len(prompts)} prompts")
-        for p, m in zip(prompts, max_new):
-            if len(p) == 0:
-                raise DraftGymError("empty prompt: no input tokens")
-            if m < 1:
-                raise DraftGymError(f"max_new_tokens must be >= 1, got {m}")
-            arch.check_length(self.model.config, len(p), m, tree)
-        if arrivals is not None:
-            arrivals = [float(a) for a in arrivals]
-            if len(arrivals) != len(prompts):
-                raise DraftGymError(f"{len(arrivals)} arrival times for {len(prompts)} prompts")
-            if any(not a >= 0 for a in arrivals) or any(b < a for a, b in zip(arrivals, arrivals[1:])):
-                raise DraftGymError("arrival times must be >= 0 and non-decreasing in prompt order")
-        return seeds, max_new, arrivals
-
     @torch.inference_mode()
     def _run(self, method, prompts, max_new_tokens, temperature, seeds, batch_size, controller, features,
              arrivals=None, max_steps=None):
@@ -164,7 +133,8 @@ class BatchEngine:
         tree = getattr(controller, "shape", StepShape()).verify_size if self.window else 0
         if max_steps is not None and max_steps < 1:
             raise DraftGymError(f"max_steps must be >= 1 (or None: until every row ends), got {max_steps}")
-        seeds, max_new, arrivals = self._check(prompts, max_new_tokens, temperature, seeds, batch_size, tree, arrivals)
+        seeds, max_new, arrivals = check_call(self.model.config, prompts, max_new_tokens, temperature, seeds,
+                                              batch_size, tree, arrivals)
         res = BatchResult(method, [RowResult(i, list(p), arrival_s=a)
                                    for i, (p, a) in enumerate(zip(prompts, arrivals or [0.0] * len(prompts)))])
         if not prompts:
@@ -278,7 +248,8 @@ class BatchEngine:
     def _pending_forward(self, state: BatchState):
         """The head over each row's pending entries (`_pending`), graphed per (A, M, span).
         Returns each root's head output [A, H] and draft logits [A, draft_vocab]."""
-        M = pow2_at_least(max(n - d for n, d in zip(state.n_host, state.dl_host)))
+        M = max(n - d for n, d in zip(state.n_host, state.dl_host))
+        M = pow2_at_least(M) if self.graphs.enabled else M                                 # a graph per bucket
         span = self._span(max(state.n_host))
         state.ensure(max(span, max(state.dl_host) + M) + 1)
         key = ("pending", state.rows, state.capacity, M, span, state.buffers())
@@ -319,22 +290,29 @@ class BatchEngine:
         return select_trees(pool, step.roots(state, state.n), V), pool.depth, spent[0]
 
     def _verify(self, state: BatchState, trees: TreeBatch | None, run: Call, gens: list) -> tuple[list[list[int]], int]:
-        """Target forward, acceptance, commit (trees None: the off step, each root alone). Greedy:
-        one graph per (A, V, span). Returns per row [L, emitted tokens...] (the step's one host read) and V."""
+        """Target forward, acceptance, commit (trees None: the off step, each root alone); with graphs
+        and T = 0 one graph per (A, V, span). Returns per row [L, emitted tokens...] (the step's one
+        host read) and V."""
         V = 1 if trees is None else trees.size
         span = self._span(max(state.n_host) + V)
         state.ensure(span + 1)
         tree = () if trees is None else (trees.tokens, trees.parents, trees.depths, trees.mask)
-        if run.T <= 0:
+        if run.T <= 0 and self.graphs.enabled:
             key = ("verify", state.rows, state.capacity, V, span, run.features, state.buffers())
             fn = lambda n, *t: step.verify_greedy(self.model, self.head, state, span, run.features, n, *t)
             packed_dev = self.graphs.run(key, fn, state.n, *tree)
-        else:                     # eager: the forward's fp32 logits [A, V, vocab] would be held per graph
+            packed = packed_dev.tolist()                                                  # the host sync
+        else:              # eager (a CPU; T > 0: EAGLE's rule draws on each row's own generator)
             tb = step.trees_of(state, state.n, tree)
             logits, hs = verify_forward(self.model, tb, state.n, span, state.kv, run.features)
-            accepted, bonus = accept_sampling_rows(tb, logits, run.T, gens)
-            packed_dev = step.commit(self.head, state, state.n, tb, accepted, bonus, hs)
-        packed = packed_dev.tolist()                                                      # the host sync
+            if run.T <= 0:
+                accepted, bonus = accept_greedy_batch(tb, logits)
+            else:
+                accepted, bonus = accept_sampling_rows(tb, logits, run.T, gens)
+            packed_dev, order = step.commit(state, state.n, tb, accepted, bonus)
+            packed = packed_dev.tolist()                                                  # the host sync
+            if hs is not None:
+                step.store_features(self.head, state, state.n, order, hs, 1 + max(p[0] for p in packed))
         state.n = state.n + packed_dev[:, 0] + 1
         state.n_host = [n + p[0] + 1 for n, p in zip(state.n_host, packed)]
         return packed, V

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.decode import arch
 from pipeline.decode.batch_result import BatchResult
+from pipeline.errors import DraftGymError
 
 
 @dataclass
@@ -45,3 +47,30 @@ class Rows:
     def keep(self, keep: list[int]) -> None:
         for name in ("req", "out", "gen", "hist"):
             setattr(self, name, [getattr(self, name)[s] for s in keep])
+
+
+def check_call(config, prompts, max_new_tokens, temperature, seeds, batch_size, tree: int, arrivals=None):
+    """A generate call's inputs, checked (one-line errors) and spread per prompt: (seeds, max_new,
+    arrivals). tree: the verify tokens a sliding window must leave room for (pipeline/decode/arch.py)."""
+    if batch_size < 1:
+        raise DraftGymError(f"batch_size must be >= 1, got {batch_size}")
+    if temperature < 0:
+        raise DraftGymError(f"temperature must be >= 0, got {temperature}")
+    seeds = [seeds] * len(prompts) if isinstance(seeds, int) else list(seeds)
+    max_new = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    for name, v in (("seeds", seeds), ("max_new_tokens", max_new)):
+        if len(v) != len(prompts):
+            raise DraftGymError(f"{len(v)} {name} for {len(prompts)} prompts")
+    for p, m in zip(prompts, max_new):
+        if len(p) == 0:
+            raise DraftGymError("empty prompt: no input tokens")
+        if m < 1:
+            raise DraftGymError(f"max_new_tokens must be >= 1, got {m}")
+        arch.check_length(config, len(p), m, tree)
+    if arrivals is not None:
+        arrivals = [float(a) for a in arrivals]
+        if len(arrivals) != len(prompts):
+            raise DraftGymError(f"{len(arrivals)} arrival times for {len(prompts)} prompts")
+        if any(not a >= 0 for a in arrivals) or any(b < a for a, b in zip(arrivals, arrivals[1:])):
+            raise DraftGymError("arrival times must be >= 0 and non-decreasing in prompt order")
+    return seeds, max_new, arrivals
