@@ -171,6 +171,10 @@ class BatchEngine:
         self._static.clear()
         self.graphs.clear()
 
+    def _key(self, state: BatchState, *part) -> tuple:
+        """A step part's graph key: the part, the stores' rows, capacity and addresses (none without graphs)."""
+        return (*part, state.rows, state.capacity, state.buffers()) if self.graphs.enabled else part
+
     def _span(self, n: int) -> int:
         """Keys [0, span) a step reads to see entries < n: n rounded up to the span bucket."""
         return -(-n // self.span_bucket) * self.span_bucket
@@ -252,7 +256,7 @@ class BatchEngine:
         M = pow2_at_least(M) if self.graphs.enabled else M                                 # a graph per bucket
         span = self._span(max(state.n_host))
         state.ensure(max(span, max(state.dl_host) + M) + 1)
-        key = ("pending", state.rows, state.capacity, M, span, state.buffers())
+        key = self._key(state, "pending", M, span)
         root = self.graphs.run(key, lambda n, dl: step.pending(self.head, state, n, dl, M, span), state.n, state.dl)
         state.dl, state.dl_host = state.n.clone(), list(state.n_host)
         return root
@@ -261,7 +265,7 @@ class BatchEngine:
         """D - 1 forwards over the A x W beams (forward 1 was the pending one) and A trees of V
         nodes, graphed per (A, D, W, V, span)."""
         span = self._span(max(state.n_host))
-        key = ("draft", state.rows, state.capacity, shape, span, state.buffers())
+        key = self._key(state, "draft", shape, span)
         fn = lambda n, rh, rl: step.draft_trees(self.head, state, shape, span, n, rh, rl)
         return TreeBatch(*self.graphs.run(key, fn, state.n, *root))
 
@@ -298,7 +302,7 @@ class BatchEngine:
         state.ensure(span + 1)
         tree = () if trees is None else (trees.tokens, trees.parents, trees.depths, trees.mask)
         if run.T <= 0 and self.graphs.enabled:
-            key = ("verify", state.rows, state.capacity, V, span, run.features, state.buffers())
+            key = self._key(state, "verify", V, span, run.features)
             fn = lambda n, *t: step.verify_greedy(self.model, self.head, state, span, run.features, n, *t)
             packed_dev = self.graphs.run(key, fn, state.n, *tree)
             packed = packed_dev.tolist()                                                  # the host sync
