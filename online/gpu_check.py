@@ -336,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=None, help="lossless: random prompts (default 3)")
     ap.add_argument("--contexts", default=None, help="latency: context lengths (default 128,1024)")
     ap.add_argument("--batch-sizes", default=None, help="latency: batch sizes (default 1,2,4,8,16,32,64)")
+    ap.add_argument("--lossless-batch-sizes", default=None,
+                    help="lossless: the batched engine at these batch sizes, largest first (default 1,4,16,64)")
     ap.add_argument("--smollm2", default=None,
                     help="validate: carried SmolLM2 (a folder of online.carry parts, the .gguf, or a dequantised model folder)")
     ap.add_argument("--policy", action="append", default=[], help="validate: a policy checkpoint folder (repeatable)")
@@ -355,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         over = {"device": args.device, "dtype": args.dtype, "prompts": args.prompts,
                 "shapes": args.shapes and parse_shapes(args.shapes),
                 "contexts": args.contexts and parse_positive_ints(args.contexts, "--contexts"),
-                "batch_sizes": args.batch_sizes and parse_positive_ints(args.batch_sizes, "--batch-sizes")}
+                "batch_sizes": args.batch_sizes and parse_positive_ints(args.batch_sizes, "--batch-sizes"),
+                "lossless_batch_sizes": args.lossless_batch_sizes
+                and parse_positive_ints(args.lossless_batch_sizes, "--lossless-batch-sizes")}
         cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
         if cfg.minutes <= 0:
             raise DraftGymError(f"--minutes must be > 0, got {cfg.minutes}")

@@ -5,7 +5,7 @@ to rounding near-ties in reduced precision.
 
     batch 1   the batch-1 `Engine`, AR once per prompt, then EAGLE-3 at every shape
     batched   the batched engine as it runs on the device (CUDA graphs there) at each B of
-              `lossless_batch_sizes`: max(8, B) prompts of mixed lengths at batch size B, each
+              `lossless_batch_sizes`, largest first: max(8, B) prompts of mixed lengths at batch size B, each
               row against the same engine's AR at B = 1 (graphed too); the prompts' lengths and
               the tokens cross span buckets, so several graphs per shape are replayed
 """
@@ -73,7 +73,7 @@ def check_lossless_batched(cfg, deadline: float, model, head) -> dict:
     ps = [torch.randint(0, vocab, (cfg.prompt_lens[i % len(cfg.prompt_lens)],), generator=g).tolist() for i in range(n)]
     ar = [r.output_ids for r in eng.generate_ar(ps, T, batch_size=1).rows]
     rows, done = [], True
-    for B in cfg.lossless_batch_sizes:
+    for B in sorted(cfg.lossless_batch_sizes, reverse=True):      # the largest first: B = 1 is also the batch-1 table
         k = max(8, B)
         for s in cfg.lossless_batch_shapes:
             if time.perf_counter() > deadline:
