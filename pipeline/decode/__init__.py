@@ -8,11 +8,15 @@
     tree.py            draft-tree expansion and selection (EAGLE's topK_genrate), batched over roots
     draft.py           drafting: the head's KV cache and batched tree expansion
     verify.py          the tree-verify forward, greedy and sampling acceptance, KV compaction
-    engine.py          the decoding engine (one draft / verify cycle at a time) and its AR baseline
+    prepare.py         what every engine does to the target and the head first (packed linears, SDPA choice)
+    engine.py          the decoding engine (one draft / verify cycle at a time) and its AR baseline;
+                       on CUDA it runs on the batched engine at B = 1
     controller.py      the controller hooks policies steer the engines through (batch 1: plan, continue,
                        size, observe; batch B: one StepShape per step)
     batch_engine.py    EAGLE-3 decoding at batch size B: one shape per step, continuous batching
     batch_kv.py        the per-row state of batched decoding: slot caches, token and feature stores
+    batch_step.py      the fixed-shape parts of a batched step (pending, draft, verify): what CUDA graphs capture
+    batch_rows.py      the host side of a batched call: inputs checked, queue, which request each slot holds
     batch_verify.py    the verify half of a batched step: B trees, one target forward, per-row acceptance
     batch_result.py    what a batched generation returns: per-prompt rows, the step log, the cut rule
     lossless.py        lossless at T = 0 for every dtype: exact, near-tie or mismatch
