@@ -318,9 +318,10 @@ def add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a schedule in a serving engine's format (vLLM speculative_config, "
                                       "SGLang flags or its adaptive config)")
     p.add_argument("--schedule", required=True, help="schedule JSON (from `draftgym tune`)")
-    p.add_argument("--format", dest="fmt", required=True, choices=["vllm", "sglang", "sglang-adaptive", "json"],
+    p.add_argument("--format", dest="fmt", required=True, choices=["vllm", "sglang", "sglang-adaptive", "sglang-throughput", "json"],
                    help="vllm: speculative_config JSON; sglang: static launch flags; sglang-adaptive: "
-                        "--speculative-adaptive-config JSON (+ its launch flags); json: the schedule itself")
+                        "--speculative-adaptive-config JSON for its EMA rule (+ its launch flags); "
+                        "sglang-throughput: the same for its throughput-aware controller; json: the schedule itself")
     p.add_argument("--head", default=None, help="the EAGLE-3 head's path or hub id to write into the config "
                                                 "(default: a placeholder to replace)")
     p.add_argument("--best-expressible", action="store_true",

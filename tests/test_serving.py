@@ -354,6 +354,38 @@ def test_export_sglang_static_and_adaptive(tmp_path):
     assert [ch.tier(b).steps for b in (1, 7, 8, 40)] == [5, 5, 2, 0]
 
 
+def test_export_sglang_throughput(tmp_path, capsys):
+    """SGLang's throughput-aware config: a tier per range, the schedule's K plus the chains within 5 % of
+    the best chain at a tuned B of the tier; off and trees refused, or their best chain; SGLang's checks."""
+    sched, path = _tuned(tmp_path, [(1, 7, S.chain(5)), (8, 31, S.chain(3)), (32, 64, S.OFF)],
+                         [S.OFF, S.chain(1), S.chain(3), S.chain(5)],
+                         [[10, 12, 19.5, 20], [30, 35, 40, 30], [90, 80, 60, 40]])
+    with pytest.raises(DataError, match="SGLang throughput-aware cannot run off"):
+        ex.to_sglang_throughput(sched, None)
+    obj, flags, notes = ex.to_sglang_throughput(sched, "h", best=True, config_path="t.json")
+    ex.check_sglang_throughput(obj)
+    assert (obj["strategy"], obj["window_size"], obj["update_interval"]) == ("throughput_aware", 20, 10)
+    assert {k: v["candidate_steps"] for k, v in obj.items() if k.isdigit()} == {"1": [3, 5], "8": [3], "32": [1]}
+    assert "batch 32: off -> chain:1" in notes[0]
+    f = lambda name: flags[flags.index(name) + 1]
+    assert (f("--speculative-num-steps"), f("--speculative-eagle-topk"), f("--speculative-num-draft-tokens"),
+            f("--speculative-adaptive-config")) == ("5", "1", "6", "t.json") and "--speculative-adaptive" in flags
+    out = tmp_path / "t.json"
+    assert cli(["export", "--schedule", path, "--format", "sglang-throughput", "--best-expressible",
+                "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == obj
+    tree, _ = _tuned(tmp_path, [(1, 3, (4, 4, 20)), (4, 8, S.chain(2))], [(4, 4, 20), S.chain(2), S.chain(1)],
+                     [[9, 5, 6], [1, 4, 3]])
+    with pytest.raises(DataError, match="cannot run tree:4,4,20"):
+        ex.to_sglang_throughput(tree, None)
+    with pytest.raises(DataError, match="never speculates"):
+        ex.to_sglang_throughput(Schedule([(1, 4, S.OFF)]), None)
+    for bad in ({"strategy": "throughput_aware"}, {"1": {"candidate_steps": []}}, {"1": {"candidate_steps": [0, 3]}},
+                {"1": {"candidate_steps": [True]}}, {"1": [3]}):
+        with pytest.raises(DataError, match="throughput-aware config"):
+            ex.check_sglang_throughput(bad)
+
+
 def test_export_cli(tmp_path, capsys):
     tree, path = _tuned(tmp_path, [(1, 3, (4, 4, 20)), (4, 8, S.chain(2))], [(4, 4, 20), S.chain(2), S.chain(1)],
                         [[9, 5, 6], [1, 4, 3]])

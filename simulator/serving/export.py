@@ -24,6 +24,20 @@ sglang-adaptive  the JSON of --speculative-adaptive-config (sglang_adaptive.py h
       candidate, so the EMA never moves it); launched with --speculative-adaptive, topk 1 and
       num_steps = the largest K. Trees (topk > 1) are not expressible.
 
+sglang-throughput  the JSON of --speculative-adaptive-config for SGLang's throughput-aware controller
+      (python/sglang/srt/speculative/throughput_aware_controller.py, its docstring and
+      _parse_bs_candidates; throughput_aware_spec_params.py; read 2026-11-26 at commits 088c5ab and
+      2357074):
+        {"strategy": "throughput_aware", "window_size": 20, "update_interval": 10,
+         "<lo_1>": {"candidate_steps": [K, ...]}, ...}
+      integer-string keys are tier lower bounds, each a non-empty list of positive step counts (chains,
+      topk 1, num_draft_tokens = K + 1); every update_interval batches the controller picks the
+      candidate with the best E[tokens | K] / cost_ms(B, K), E from a sliding window of per-position
+      acceptance, cost from its own start-up profile. A tier holds the schedule's K and every chain
+      whose tuned tokens/s came within NEAR_BEST of the best chain at one of the tier's tuned batch
+      sizes, so the online rule chooses among the near-equals by the acceptance it sees. Off (K = 0)
+      and trees are not expressible: refused, or with --best-expressible the best chain (K >= 1).
+
 json  the schedule itself (schedule.py).
 
 A shape an engine cannot run is refused in one line, or, with --best-expressible, replaced by the
@@ -50,7 +64,7 @@ HEAD_PLACEHOLDER = "<path or hub id of the EAGLE-3 head>"
 class ExportConfig:
     """`draftgym export` settings."""
     schedule: str = ""                    # schedule JSON from `draftgym tune` (required)
-    fmt: str = ""                         # vllm | sglang | sglang-adaptive | json (required)
+    fmt: str = ""                         # vllm | sglang | sglang-adaptive | sglang-throughput | json (required)
     head: str | None = None               # EAGLE-3 head path / hub id written into the config
     best_expressible: bool = False        # replace what the engine cannot run by its best runnable shape
     max_batch: int | None = None          # vllm: the last range ends here
@@ -99,6 +113,21 @@ def check_sglang_adaptive(obj: dict) -> None:
     parse_config(obj, "SGLang adaptive config")
 
 
+def check_sglang_throughput(obj: dict) -> None:
+    """The checks SGLang's throughput-aware controller makes on its config (_parse_bs_candidates)."""
+    where = "SGLang throughput-aware config"
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: must be a JSON object")
+    tiers = [k for k in obj if str(k).isdigit()]
+    if not tiers:
+        raise DataError(f"{where}: needs at least one integer-string batch-size key, e.g. {{\"1\": {{\"candidate_steps\": [1, 3]}}}}")
+    for k in tiers:
+        steps = obj[k].get("candidate_steps") if isinstance(obj[k], dict) else None
+        if not isinstance(steps, list) or not steps or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in steps):
+            raise DataError(f"{where}: tier {k}: candidate_steps must be a non-empty list of positive ints, got {steps!r}")
+
+
 # ------------------------------------------------------------------ what each engine can run
 
 def one_draft(shape) -> bool:
@@ -144,7 +173,14 @@ def expressible(schedule: Schedule, allowed, engine: str, best: bool) -> tuple[S
 
 def _why(engine: str) -> str:
     return {"vLLM": "vLLM drafts chains only (K tokens, no tree)",
-            "SGLang adaptive": "SGLang's adaptive mode runs topk = 1 chains only"}.get(engine, "not expressible")
+            "SGLang adaptive": "SGLang's adaptive mode runs topk = 1 chains only",
+            "SGLang throughput-aware": "its candidates are topk = 1 chains of K >= 1 steps (no tree, no off)",
+            }.get(engine, "not expressible")
+
+
+def drafting_chain(shape) -> bool:
+    """A chain of K >= 1 drafts (what SGLang's throughput-aware controller can choose)."""
+    return S.is_chain(shape) and S.canonical(shape)[0] > 0
 
 
 def best_single(schedule: Schedule) -> tuple:
@@ -210,6 +246,41 @@ def to_sglang_adaptive(schedule: Schedule, head: str | None, best: bool = False,
     return obj, flags, notes
 
 
+NEAR_BEST = 0.95     # sglang-throughput: chains within this share of the best chain's tuned tokens/s join a tier
+
+
+def _near_best_chains(schedule: Schedule, lo: int, hi: int | None) -> set[int]:
+    """K of every drafting chain within NEAR_BEST of the best one at some tuned B in [lo, hi]."""
+    t = schedule.tuning
+    if not t:
+        return set()
+    shapes = [S.parse(x) for x in t["shapes"]]
+    chains = [(a, S.chain_k(sh)) for a, sh in enumerate(shapes) if drafting_chain(sh)]
+    ks = set()
+    for b, row in zip(t["batch_sizes"], np.asarray(t["tokens_per_s"], np.float64)):
+        if chains and b >= lo and (hi is None or b <= hi):
+            best = max(row[a] for a, _ in chains)
+            ks |= {k for a, k in chains if row[a] >= NEAR_BEST * best}
+    return ks
+
+
+def to_sglang_throughput(schedule: Schedule, head: str | None, best: bool = False,
+                         config_path: str = "throughput.json") -> tuple[dict, list[str], list[str]]:
+    if is_off_everywhere(schedule):
+        raise DataError("the schedule never speculates: launch SGLang without --speculative-* flags")
+    sched, notes = expressible(schedule, drafting_chain, "SGLang throughput-aware", best)
+    tiers = {}
+    for lo, hi, s in sched.ranges:
+        tiers[str(lo)] = {"candidate_steps": sorted({S.chain_k(s)} | _near_best_chains(schedule, lo, hi))}
+    obj = {"strategy": "throughput_aware", "window_size": 20, "update_interval": 10, **tiers}
+    check_sglang_throughput(obj)
+    k = max(max(t["candidate_steps"]) for t in tiers.values())
+    flags = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head or HEAD_PLACEHOLDER,
+             "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
+             str(k + 1), "--speculative-adaptive", "--speculative-adaptive-config", config_path]
+    return obj, flags, notes
+
+
 def export(cfg: ExportConfig) -> tuple[str, list[str]]:
     """(the text to write, notes)."""
     sched = Schedule.load(cfg.schedule)
@@ -225,7 +296,11 @@ def export(cfg: ExportConfig) -> tuple[str, list[str]]:
         obj, flags, notes = to_sglang_adaptive(sched, cfg.head, cfg.best_expressible, cfg.out or "adaptive.json")
         return json.dumps(obj, indent=1) + "\n", notes + ["launch: python -m sglang.launch_server --model-path <target> "
                                                           + " ".join(flags)]
-    raise DraftGymError(f"unknown export format {cfg.fmt!r} (vllm | sglang | sglang-adaptive | json)")
+    if cfg.fmt == "sglang-throughput":
+        obj, flags, notes = to_sglang_throughput(sched, cfg.head, cfg.best_expressible, cfg.out or "throughput.json")
+        return json.dumps(obj, indent=1) + "\n", notes + ["launch: python -m sglang.launch_server --model-path "
+                                                          "<target> " + " ".join(flags)]
+    raise DraftGymError(f"unknown export format {cfg.fmt!r} (vllm | sglang | sglang-adaptive | sglang-throughput | json)")
 
 
 def run_export_command(cfg: ExportConfig) -> int:
