@@ -250,7 +250,7 @@ class BatchEngine:
 
     # -- one step ----------------------------------------------------------------------------------
     def _pending_forward(self, state: BatchState):
-        """The head over each row's pending entries (`_pending`), graphed per (A, M, span).
+        """The head over each row's pending entries (batch_step.pending), graphed per (A, M, span).
         Returns each root's head output [A, H] and draft logits [A, draft_vocab]."""
         M = max(n - d for n, d in zip(state.n_host, state.dl_host))
         M = pow2_at_least(M) if self.graphs.enabled else M                                 # a graph per bucket
