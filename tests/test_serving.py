@@ -451,7 +451,8 @@ def test_serve_eval_table(root, capsys):
                 "--shapes", "chain", "--target-batches", "1,4", "--requests-per-rate", "6", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in rep["rows"]]
-    assert names[0] == "AR" and names[2] == "schedule (per B)" and "SGLang adaptive" in names
+    assert names[0] == "AR" and names[2] == "schedule (per B)"
+    assert "SGLang adaptive" in names and "SGLang throughput-aware" in names
     assert any(n.startswith("vLLM") for n in names) and names[-1].startswith("oracle")
     ar = rep["rows"][0]
     assert ar["x_ar"] == 1.0 and ar["tau"] == 1.0 and ar["drafts_per_step"] == 0.0
@@ -460,10 +461,10 @@ def test_serve_eval_table(root, capsys):
 
 
 def test_serve_eval_skips_what_the_logs_cannot_replay(w10_root, root, capsys):
-    """Width-10 logs: no chains, so vLLM's example and SGLang's rule are skipped, and said so."""
+    """Width-10 logs: no chains, so vLLM's example and SGLang's two rules are skipped, and said so."""
     assert cli(["serve-eval", "--logs", str(w10_root), "--latency", str(root), "--split", "all", "--tune-split", "all",
                 "--batch-sizes", "1,2", "--shapes", "tree", "--target-batches", "1,2", "--requests-per-rate", "2",
                 "--no-oracle", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rep["rows"]][2:] == ["schedule (per B)"]
-    assert len(rep["notes"]) == 2 and all("width-1 logs" in n for n in rep["notes"])
+    assert len(rep["notes"]) == 3 and all("width-1 logs" in n for n in rep["notes"])

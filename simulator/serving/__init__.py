@@ -8,6 +8,7 @@ engines' own rules and formats (docs/serving.md; docs/design.md, "Serving at bat
     metrics.py         throughput, TPOT, time in queue, goodput, tau, drafts per step (defined once)
     choosers.py        step choosers: static, schedule, the greedy per-step hindsight oracle
     sglang_adaptive.py SGLang's adaptive EMA rule, reimplemented from its source
+    sglang_throughput.py SGLang's throughput-aware rule, reimplemented from its source
     schedule.py        a schedule: batch-size ranges -> shapes, merged from tuned choices; JSON
     tune.py            `draftgym tune`: the best shape per batch size -> a schedule
     evaluate.py        `draftgym serve-eval`: AR, best static, schedule, vLLM's example, SGLang, oracle

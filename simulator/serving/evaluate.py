@@ -12,6 +12,8 @@ file; each request replays one logged sequence of the evaluated split; continuou
     vLLM example       vLLM's documented EAGLE-3 schedule, chain K: 1-16 -> 5, 17-32 -> 4, 33-64 -> 3,
                        65-128 -> 1, 129-512 -> 0 (needs width-1 logs)
     SGLang adaptive    SGLang's EMA rule with its stored tiers or --sglang-config (sglang_adaptive.py)
+    SGLang throughput  SGLang's throughput-aware rule on its documented example tiers, its cost table
+                       read from this run's latency profile (sglang_throughput.py; chains: width-1 logs)
     oracle             per step, the hindsight best shape of the tuning candidates (choosers.GreedyOracle:
                        greedy, not an upper bound)
     learned            each --policy: a load-aware policy from `draftgym train-load`, loaded through
@@ -45,6 +47,7 @@ from simulator.serving.choosers import GreedyOracle, ScheduleChooser, StaticChoo
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
 from simulator.serving.sglang_adaptive import SGLangAdaptive, load_config
+from simulator.serving.sglang_throughput import SGLangThroughput
 from simulator.serving.tune import load_inputs, profiled_candidates, tune
 
 
@@ -173,7 +176,8 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
                ScheduleChooser(sched, "schedule (per B)")]
     sg_cfg = load_config(cfg.sglang_config) if cfg.sglang_config else None
     for m in (ScheduleChooser(Schedule.vllm_eagle3_example(), "vLLM EAGLE-3 example"),
-              SGLangAdaptive(sg_cfg, initial_steps=cfg.sglang_initial_steps)):
+              SGLangAdaptive(sg_cfg, initial_steps=cfg.sglang_initial_steps),
+              SGLangThroughput(initial_steps=cfg.sglang_initial_steps)):
         missing = [S.label(s) for s in m.shapes() if not S.replayable(logs, s)]
         if missing:
             notes.append(f"{m.name} skipped: the logs cannot replay {', '.join(missing)} (chains need width-1 logs "
