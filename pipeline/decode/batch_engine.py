@@ -66,7 +66,6 @@ from pipeline.decode.batch_verify import (TreeBatch, accept_greedy_batch, accept
 from pipeline.decode.controller import (BatchController, BatchStepContext, StaticBatchController, StepRecord,
                                         StepShape)
 from pipeline.decode.prepare import prepare_modules
-from pipeline.decode.draft import expand_tree
 from pipeline.decode.head import Eagle3Head
 from pipeline.decode.tree import log_softmax32
 from pipeline.decode.verify import sample_token, target_forward
@@ -284,10 +283,8 @@ class BatchEngine:
             spent[0] += clock() - a
             return go
 
-        span = self._span(max(state.n_host))
-        prefix_mask = torch.arange(span, device=self.device)[None, :] < state.n[:, None]
-        pool = expand_tree(self.head, state.hkv.prefix(span), prefix_mask, root[0], root[1], state.n - 1, shape.width,
-                           shape.depth, context_len=state.n_host, should_continue=ask)
+        pool = step.draft_pool(self.head, state, shape, self._span(max(state.n_host)), state.n, *root,
+                               context_len=state.n_host, should_continue=ask)
         a = clock()
         V = int(controller.verify_size(pool, shape))
         spent[0] += clock() - a

@@ -52,12 +52,19 @@ def roots(state: BatchState, n: torch.Tensor) -> torch.Tensor:
     return state.ids.gather(1, n[:, None])[:, 0]
 
 
-def draft_trees(head, state: BatchState, shape: StepShape, span: int, n, root_hidden, root_logits):
+def draft_pool(head, state: BatchState, shape: StepShape, span: int, n, root_hidden, root_logits,
+               context_len=None, should_continue=None):
     """D - 1 head forwards over the A x W beams (forward 1 was `pending`), each root masked to its
-    own row's head entries [0, n_r); then A trees of V nodes (pipeline/decode/batch_verify.py)."""
+    own row's head entries [0, n_r): the draft pool. should_continue (batch 1, eager only): asked
+    after each level, as expand_tree asks it."""
     prefix_mask = torch.arange(span, device=n.device)[None, :] < n[:, None]                # [A, span] own entries
-    pool = expand_tree(head, state.hkv.prefix(span), prefix_mask, root_hidden, root_logits, n - 1,
-                       shape.width, shape.depth)
+    return expand_tree(head, state.hkv.prefix(span), prefix_mask, root_hidden, root_logits, n - 1,
+                       shape.width, shape.depth, context_len=context_len, should_continue=should_continue)
+
+
+def draft_trees(head, state: BatchState, shape: StepShape, span: int, n, root_hidden, root_logits):
+    """The draft pool, then A trees of V nodes (pipeline/decode/batch_verify.py)."""
+    pool = draft_pool(head, state, shape, span, n, root_hidden, root_logits)
     t = select_trees(pool, roots(state, n), shape.verify_size)
     return t.tokens, t.parents, t.depths, t.mask
 

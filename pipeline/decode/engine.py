@@ -125,9 +125,9 @@ class Engine:
     @torch.inference_mode()
     def generate_ar(self, prompt_ids: list[int], max_new_tokens: int = 128, temperature: float = 0.0,
                     seed: int = 0) -> GenerationResult:
-        self._check_prompt(prompt_ids, max_new_tokens, 0)
-        if self.batched is not None:
+        if self.batched is not None:             # its call checks the prompt as below
             return _one_row(self.batched.generate_ar([list(prompt_ids)], max_new_tokens, temperature, seed, 1))
+        self._check_prompt(prompt_ids, max_new_tokens, 0)
         gen = torch.Generator(device=self.device).manual_seed(seed)
         res = GenerationResult("ar", list(prompt_ids), [])
         clock = self.clock
@@ -175,8 +175,7 @@ class Engine:
         if self.head is None:
             raise DraftGymError("method eagle3 needs an EAGLE-3 head")
         controller = controller or StaticController()
-        if self.batched is not None:
-            self._check_prompt(prompt_ids, max_new_tokens, 0)
+        if self.batched is not None:             # its call checks the prompt (the window: the controller's V)
             one = OneRowController(controller)
             res = self.batched.generate([list(prompt_ids)], max_new_tokens, temperature, seed, 1, one)
             return _one_row(res, one.finish(res.steps))

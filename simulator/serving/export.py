@@ -56,6 +56,7 @@ from pipeline.errors import DataError, DraftGymError
 from simulator.serving import shapes as S
 from simulator.serving.schedule import Schedule, is_off_everywhere
 from simulator.serving.sglang_adaptive import parse_config
+from simulator.serving.sglang_throughput import parse_tiers
 
 HEAD_PLACEHOLDER = "<path or hub id of the EAGLE-3 head>"
 
@@ -115,17 +116,7 @@ def check_sglang_adaptive(obj: dict) -> None:
 
 def check_sglang_throughput(obj: dict) -> None:
     """The checks SGLang's throughput-aware controller makes on its config (_parse_bs_candidates)."""
-    where = "SGLang throughput-aware config"
-    if not isinstance(obj, dict):
-        raise DataError(f"{where}: must be a JSON object")
-    tiers = [k for k in obj if str(k).isdigit()]
-    if not tiers:
-        raise DataError(f"{where}: needs at least one integer-string batch-size key, e.g. {{\"1\": {{\"candidate_steps\": [1, 3]}}}}")
-    for k in tiers:
-        steps = obj[k].get("candidate_steps") if isinstance(obj[k], dict) else None
-        if not isinstance(steps, list) or not steps or not all(
-                isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in steps):
-            raise DataError(f"{where}: tier {k}: candidate_steps must be a non-empty list of positive ints, got {steps!r}")
+    parse_tiers(obj)
 
 
 # ------------------------------------------------------------------ what each engine can run
