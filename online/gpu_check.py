@@ -109,7 +109,8 @@ class CheckConfig:
 def dry_run_sizes(cfg: CheckConfig) -> CheckConfig:
     """The same steps at tiny size on the CPU, in fp32 (the strict lossless rule)."""
     return replace(cfg, dry_run=True, device="cpu", dtype="float32", target="tiny", shapes=((8, 10, 60), (5, 1, 6)),
-                   prompts=2, prompt_lens=(8, 16), new_tokens=8, lossless_batch_sizes=(1, 3), lossless_batch_tokens=6, contexts=(8,), verify_sizes=(1, 4), widths=(2,),
+                   prompts=2, prompt_lens=(8, 16), new_tokens=8, lossless_batch_sizes=(1, 3), lossless_batch_tokens=6,
+                   contexts=(8,), verify_sizes=(1, 4), widths=(2,),
                    repeats=2, cycle_tokens=6, batch_sizes=(1, 2), batch_steps=2, validate_sets=1, validate_prompts=1,
                    validate_new_tokens=4)
 

@@ -21,7 +21,8 @@ from pipeline.decode import batch_step
 from pipeline.decode.batch_engine import BatchEngine, pow2_at_least
 from pipeline.decode.controller import ScheduleBatchController, StaticBatchController, StepShape
 from pipeline.decode.head import random_head
-from pipeline.runtime.cuda_graphs import ENV, GraphCache, graphs_wanted
+from pipeline.errors import DraftGymError
+from pipeline.runtime.cuda_graphs import ENV, MODE_ENV, GraphCache, graphs_wanted
 from tests.conftest import make_tiny_llama
 
 
@@ -125,6 +126,14 @@ def test_graphs_are_for_cuda_and_can_be_turned_off(monkeypatch):
     assert graphs_wanted("cuda")
     monkeypatch.setenv(ENV, "0")
     assert not graphs_wanted("cuda")
+    monkeypatch.setenv(ENV, "maybe")
+    with pytest.raises(DraftGymError, match="DRAFTGYM_CUDA_GRAPHS='maybe': expected one of 1, on"):
+        graphs_wanted("cuda")
+    monkeypatch.setenv(ENV, "0")
+    monkeypatch.setenv(MODE_ENV, "loose")
+    with pytest.raises(DraftGymError, match="DRAFTGYM_CAPTURE_MODE='loose': expected one of global"):
+        GraphCache("cpu")
+    monkeypatch.delenv(MODE_ENV)
     calls = []
     assert GraphCache("cpu").run(("k",), lambda x: calls.append(1) or x + 1, torch.ones(2)).tolist() == [2, 2]
     assert calls == [1]

@@ -60,9 +60,14 @@ class Hooks(Controller):
         return 1 + int((pool.scores[0] > -2.0).sum())
 
 
-def test_default_is_batched_on_cuda_only(engines):
+def test_default_is_batched_on_cuda_only(engines, monkeypatch):
     eng, batched, _ = engines
     assert eng.batched is None and batched.batched is not None       # on this CPU: the batch-1 path
+    monkeypatch.setenv("DRAFTGYM_ONE_ENGINE", "on")
+    assert Engine(eng.model, eng.head).batched is not None
+    monkeypatch.setenv("DRAFTGYM_ONE_ENGINE", "2")
+    with pytest.raises(DraftGymError, match="DRAFTGYM_ONE_ENGINE='2': expected one of"):
+        Engine(eng.model, eng.head)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

@@ -16,7 +16,6 @@ step, so speedups compare like with like.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -30,6 +29,7 @@ from pipeline.errors import DraftGymError
 from pipeline.decode.head import Eagle3Head
 from pipeline.decode.prepare import prepare_modules
 from pipeline.runtime.clock import DeviceClock
+from pipeline.runtime.env import env_flag
 from pipeline.decode.tree import select_tree
 from pipeline.decode.verify import (accept_greedy, accept_sampling, compact_cache, sample_token, target_forward,
                              verify_tree)
@@ -96,8 +96,8 @@ class Engine:
         self.window = arch.attention_window(model.config)    # sliding window (tokens), None = full attention
         self.max_positions = arch.max_positions(model.config)
         if batched is None:                     # DRAFTGYM_ONE_ENGINE=1 / 0 overrides the device's default
-            env = os.environ.get(ONE_ENGINE_ENV, "").strip().lower()
-            batched = env in ("1", "on", "true", "yes") if env else self.device.type == "cuda"
+            batched = env_flag(ONE_ENGINE_ENV)
+            batched = self.device.type == "cuda" if batched is None else batched
         self.batched = BatchEngine(model, head, self.eos) if batched else None
 
     # -- shared pieces ------------------------------------------------------------------------

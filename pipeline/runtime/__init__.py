@@ -6,6 +6,7 @@
     host_reads.py   counts reads of tensor values on the host (each a device sync on a GPU)
     bandwidth.py    the weight-read bound: weight bytes / the GPU's datasheet memory bandwidth
     cuda_graphs.py  CUDA graphs of fixed-shape step parts: captured per key, replayed
+    env.py          on/off switches read from the environment (one-line errors for other values)
     fingerprint.py  the environment fingerprint recorded next to every output
     cache.py        the user cache folder (cache_dir(), $DRAFTGYM_CACHE)
     atomic.py       atomic file writes: readers see the old file or the new one, never half of one

@@ -37,16 +37,17 @@ from typing import Callable
 
 import torch
 
-from pipeline.errors import first_line
+from pipeline.errors import DraftGymError, first_line
+from pipeline.runtime.env import env_flag
 
 ENV = "DRAFTGYM_CUDA_GRAPHS"
 MODE_ENV = "DRAFTGYM_CAPTURE_MODE"
+CAPTURE_MODES = ("global", "thread_local", "relaxed")       # torch.cuda.graph's capture_error_mode
 
 
 def graphs_wanted(device: torch.device | str) -> bool:
-    """On for a CUDA device unless DRAFTGYM_CUDA_GRAPHS is 0 / off / false."""
-    off = os.environ.get(ENV, "1").strip().lower() in ("0", "off", "false", "no")
-    return torch.device(device).type == "cuda" and not off
+    """On for a CUDA device unless DRAFTGYM_CUDA_GRAPHS is 0 / off / false / no (another value: an error)."""
+    return torch.device(device).type == "cuda" and env_flag(ENV) is not False
 
 
 @dataclass
@@ -69,6 +70,9 @@ class GraphCache:
         self.failure_detail: str | None = None     # the traceback's end, for reports
         self.captures = self.replays = 0
         self.capture_s = 0.0
+        self.mode = os.environ.get(MODE_ENV, "").strip() or "global"
+        if self.mode not in CAPTURE_MODES:
+            raise DraftGymError(f"{MODE_ENV}={self.mode!r}: expected one of {', '.join(CAPTURE_MODES)}")
 
     def run(self, key: tuple, fn, *inputs: torch.Tensor):
         """fn(*inputs), from the graph of (key, the inputs' shapes and dtypes) when there is one."""
@@ -109,7 +113,7 @@ class GraphCache:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         try:
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=os.environ.get(MODE_ENV, "global")):
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode=self.mode):
                 outputs = fn(*static)
         except Exception:
             torch.cuda.synchronize()
