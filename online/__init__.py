@@ -16,6 +16,7 @@
     demo.py                   `make demo`: the whole loop on the embedded default
     gpu_check.py              `python -m online.gpu_check`: what a borrowed GPU checks, in one time budget
     gpu_latency.py            the GPU check's latency step: AR, verify, draft and cycle times at batch 1 and B
+    gpu_profile.py            the GPU check's profile step: a normal latency profile of the 8B shape on the GPU
     gpu_validate.py           the GPU check's validate step: the shipped head on carried SmolLM2 weights
     gpu_report.py             the GPU check's reports (gpu_report.md for BENCHMARKS.md, gpu_report.json)
     carry.py                  large files split into checked parts and joined again (for offline machines)

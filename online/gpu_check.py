@@ -13,6 +13,9 @@ when it is not asked for, cannot run here, or no longer fits the budget:
   latency   that target at batch 1 (online/gpu_latency.py): the AR step, the verify phase of V
             tokens, one draft forward of width W, whole cycles of each tree shape; AR decode steps
             at batch B = 1..64; the batched EAGLE-3 engine where it exists
+  profile   `draftgym profile` of that target on this GPU (online/gpu_profile.py): batch 1 in situ
+            and every B of --profile-batch-sizes on the batched engine's own steps, the prefill;
+            comes back as gpu_profile.parquet, a normal latency profile for tune / serve-eval
   kernels   where the device time of the slow cases of the first GPU check goes (online/gpu_kernels.py):
             torch.profiler's top ops by self device and self CPU time, each slow case beside its
             fast twin
@@ -48,7 +51,7 @@ from pathlib import Path
 from pipeline.cliargs import comma_list, parse_positive_ints
 from pipeline.errors import DraftGymError, first_line
 
-STEPS = ("tests", "lossless", "latency", "kernels", "validate")
+STEPS = ("tests", "lossless", "latency", "profile", "kernels", "validate")
 TEST_DEVICE_ENV = "DRAFTGYM_TEST_DEVICE"       # read by tests/test_on_device.py
 ROOT = Path(__file__).resolve().parents[1]
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -62,8 +65,8 @@ TINY_LLAMA = dict(LLAMA31_8B, vocab_size=512, hidden_size=64, intermediate_size=
 # the draft vocabulary of the published EAGLE-3 head for Llama-3.1-8B-Instruct
 DRAFT_VOCAB = {"llama-3.1-8b": 32000, "tiny": 256}
 # the share of the whole budget a step may take at most (validate takes what is left)
-STEP_SHARE = {"tests": 0.2, "lossless": 0.2, "latency": 0.3, "kernels": 0.1, "validate": 1.0}
-MIN_START_S = {"tests": 45, "lossless": 60, "latency": 60, "kernels": 30, "validate": 90}   # not worth starting with less
+STEP_SHARE = {"tests": 0.2, "lossless": 0.2, "latency": 0.3, "profile": 0.3, "kernels": 0.1, "validate": 1.0}
+MIN_START_S = {"tests": 45, "lossless": 60, "latency": 60, "profile": 60, "kernels": 30, "validate": 90}   # not worth starting with less
 # what the check runs on: pyproject.toml's pins of these must hold here (the GPU image's own versions
 # may be older, e.g. a transformers that ignores the forward's `cache=`: every result would be wrong)
 RUNTIME_PACKAGES = ("torch", "transformers", "accelerate", "safetensors", "numpy", "pyarrow", "huggingface-hub")
@@ -94,6 +97,14 @@ class CheckConfig:
     cycle_tokens: int = 32                               # latency: tokens per in-situ generation
     batch_sizes: tuple = (1, 2, 4, 8, 16, 32, 64)
     batch_steps: int = 16                                # decode steps timed per batch size
+    collect_prompts: int = 8                             # latency: collection rate on this many prompts
+    collect_tokens: int = 64                             # latency: ... of this many new tokens each
+    profile_widths: tuple = (1, 10)                      # profile: draft widths (1: chains)
+    profile_verify_sizes: tuple = (1, 2, 4, 8, 16, 32, 64)
+    profile_contexts: tuple = (128, 1024)
+    profile_batch_sizes: tuple = (1, 2, 4, 8, 16, 32, 64)
+    profile_prefill_lengths: tuple = (128, 1024)
+    profile_repeats: int = 5
     smollm2: str | None = None                           # validate: the carried SmolLM2 (see module docstring)
     policies: tuple = ()                                 # validate: policy checkpoint folders
     logs: str | None = None                              # validate: acceptance logs (grid-best, sim-vs-real)
@@ -111,7 +122,9 @@ def dry_run_sizes(cfg: CheckConfig) -> CheckConfig:
     return replace(cfg, dry_run=True, device="cpu", dtype="float32", target="tiny", shapes=((8, 10, 60), (5, 1, 6)),
                    prompts=2, prompt_lens=(8, 16), new_tokens=8, lossless_batch_sizes=(1, 3), lossless_batch_tokens=6,
                    contexts=(8,), verify_sizes=(1, 4), widths=(2,),
-                   repeats=2, cycle_tokens=6, batch_sizes=(1, 2), batch_steps=2, validate_sets=1, validate_prompts=1,
+                   repeats=2, cycle_tokens=6, batch_sizes=(1, 2), batch_steps=2, collect_prompts=2, collect_tokens=4, profile_widths=(1, 2),
+                   profile_verify_sizes=(1, 2, 4), profile_contexts=(8,), profile_batch_sizes=(1, 2),
+                   profile_prefill_lengths=(8,), profile_repeats=2, validate_sets=1, validate_prompts=1,
                    validate_new_tokens=4)
 
 
@@ -247,6 +260,7 @@ def run_check(cfg: CheckConfig) -> dict:
     from online.gpu_kernels import kernel_traces
     from online.gpu_lossless import check_lossless
     from online.gpu_latency import profile_latency
+    from online.gpu_profile import gpu_profile
     from online.gpu_report import write_reports
     from online.gpu_validate import run_validate_step
     from pipeline.runtime.fingerprint import environment_fingerprint
@@ -285,6 +299,7 @@ def run_check(cfg: CheckConfig) -> dict:
         "tests": lambda dl: run_tests(cfg, dl, out),
         "lossless": lambda dl: check_lossless(cfg, dl, *model_and_head()),
         "latency": lambda dl: profile_latency(cfg, dl, *model_and_head()),
+        "profile": lambda dl: gpu_profile(cfg, dl, *model_and_head(), work, out),
         "kernels": lambda dl: kernel_traces(cfg, dl, *model_and_head()),
         "validate": lambda dl: run_validate_step(cfg, work, out, TINY_LLAMA),
     }
@@ -337,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=None, help="lossless: random prompts (default 3)")
     ap.add_argument("--contexts", default=None, help="latency: context lengths (default 128,1024)")
     ap.add_argument("--batch-sizes", default=None, help="latency: batch sizes (default 1,2,4,8,16,32,64)")
+    ap.add_argument("--profile-batch-sizes", default=None,
+                    help="profile: batch sizes of the GPU latency profile (default 1,2,4,8,16,32,64)")
+    ap.add_argument("--profile-contexts", default=None, help="profile: its context lengths (default 128,1024)")
     ap.add_argument("--lossless-batch-sizes", default=None,
                     help="lossless: the batched engine at these batch sizes, largest first (default 1,4,16,64)")
     ap.add_argument("--smollm2", default=None,
@@ -360,7 +378,10 @@ def main(argv: list[str] | None = None) -> int:
                 "contexts": args.contexts and parse_positive_ints(args.contexts, "--contexts"),
                 "batch_sizes": args.batch_sizes and parse_positive_ints(args.batch_sizes, "--batch-sizes"),
                 "lossless_batch_sizes": args.lossless_batch_sizes
-                and parse_positive_ints(args.lossless_batch_sizes, "--lossless-batch-sizes")}
+                and parse_positive_ints(args.lossless_batch_sizes, "--lossless-batch-sizes"),
+                "profile_batch_sizes": args.profile_batch_sizes
+                and parse_positive_ints(args.profile_batch_sizes, "--profile-batch-sizes"),
+                "profile_contexts": args.profile_contexts and parse_positive_ints(args.profile_contexts, "--profile-contexts")}
         cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
         if cfg.minutes <= 0:
             raise DraftGymError(f"--minutes must be > 0, got {cfg.minutes}")

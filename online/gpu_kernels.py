@@ -15,7 +15,9 @@ beside its fast twin, so the difference is read off two tables of the same run.
     engine-deep      Engine.generate, static (5, 1, 6), prompt of the largest context, 8 new tokens
     engine-shallow   the same with (2, 1, 3)
     batch-ar         BatchEngine.generate_ar, B = 2, prompts of the smallest context, 8 new tokens
-    generate-batch   generate_batch (the collection's slot cache), the same prompts and tokens
+    generate-batch   generate_batch, the same prompts and tokens (the collection's own slot cache until
+                     issue N item 5; since then the same engine's AR with run_past_eos, so the pair
+                     now shows what collection's wrapper adds)
 """
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ the same functions `draftgym profile` times with, pipeline/profiling/timed_ops.p
 
 Batch B (each B a separate call, all rows of one prompt length, no EOS, after a warm-up call):
 
-    ar_batch     AR decode step at batch B from `generate_batch` (the collection's slot cache):
+    ar_batch     AR decode step at batch B from `generate_batch` (collection's continuations, on the
+                 batched engine's AR step since issue N item 5):
                  (wall(1 + T new tokens) - wall(1)) / T, median of 3 such pairs (None where that
                  difference is below the timer's noise, as for the dry run's tiny model)
     spec_batch   one step of the batched engine (pipeline/decode/batch_engine.py) at batch B: median
@@ -31,6 +32,8 @@ Batch B (each B a separate call, all rows of one prompt length, no EOS, after a 
                  so the pair is the graphs' gain; with the graphs' captures, capture time and any
                  capture failure. Measured first (the figure issue N is about), the batch-1 tables
                  after it. Skipped, with the reason, where that engine is missing.
+    collect      collection's positions/s (`collection_rate`: continuations, teacher forcing, every
+                 root expanded and scored, in-process) against the online AR tokens/s at batch 1
 """
 from __future__ import annotations
 
@@ -75,7 +78,9 @@ def profile_latency(cfg, deadline: float, model, head) -> dict:
         batch1_failure, complete = f"{type(e).__name__}: {first_line(e)}", False
     # the batch tables last, each on its own: a failure there keeps the batch-1 tables above
     batched_ar = guarded(lambda: ar_batch_steps(model, cfg, deadline, prompt), more)
-    complete = complete and batched_ar["status"] == spec["status"] == "ok"
+    ar1 = next((o["median"] for o in ops if o["op"] == "ar_step"), None)
+    collect = guarded(lambda: collection_rate(model, head, cfg, prompt, ar1), more)
+    complete = complete and batched_ar["status"] == spec["status"] == collect["status"] == "ok"
     bound = weight_read_bound(model)
     for o in ops:                                   # each AR step as a multiple of the weight-read bound
         if o["op"] == "ar_step" and bound["bound_ms"]:
@@ -91,7 +96,8 @@ def profile_latency(cfg, deadline: float, model, head) -> dict:
             "device": device_name(dev, dtype_name(next(model.parameters()).dtype)), "weight_read_bound": bound,
             "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
             "target": cfg.target, "dtype": cfg.dtype, "head_draft_vocab": head.cfg.draft_vocab_size,
-            "ops": ops, "cycles": cycles, "batch1_failure": batch1_failure, "ar_batch": batched_ar, "spec_batch": spec}
+            "ops": ops, "cycles": cycles, "batch1_failure": batch1_failure, "ar_batch": batched_ar, "spec_batch": spec,
+            "collect": collect}
 
 
 def batch1_tables(cfg, eng, model, head, prompt, more, ops: list, cycles: list) -> bool:
@@ -181,6 +187,34 @@ def ar_batch_steps(model, cfg, deadline: float, prompt) -> dict:
         rows.append({"B": B, "context": n, "steps_timed": T, "step_ms": step and 1e3 * step,
                      "tokens_per_s": step and B / step})
     return {"status": "ok" if len(rows) == len(cfg.batch_sizes) else "partial", "rows": rows}
+
+
+def collection_rate(model, head, cfg, prompt, ar_step_ms: float | None) -> dict:
+    """`draftgym collect`'s work on this device, in-process (no Parquet): `collect_prompts` over
+    cfg.collect_prompts random prompts of context cfg.contexts[0], cfg.collect_tokens new tokens each,
+    W = the widest of cfg.widths, Dmax = 12: continuations on the one engine at B = all prompts,
+    then teacher forcing and every root expanded and scored. After a warm-up of 2 prompts x 4
+    tokens. positions/s against the online AR tokens/s at batch 1 (1 / the AR step above): with a
+    random head nothing is accepted, so no online EAGLE-3 figure exists to compare with here."""
+    from pipeline.collect.prompt import CollectConfig, collect_prompts, generate_continuations
+    from pipeline.decode.engine import Engine
+
+    eng, clock = Engine(model, head), DeviceClock(next(model.parameters()).device)
+    ccfg = CollectConfig(model=cfg.target, dtype=cfg.dtype, max_new_tokens=cfg.collect_tokens, widths=(max(cfg.widths),))
+    ps = [prompt(cfg.contexts[0]) for _ in range(cfg.collect_prompts)]
+    collect_prompts(eng, head, ps[:2], CollectConfig(**{**ccfg.__dict__, "max_new_tokens": 4}))   # warm-up
+    t0 = clock()
+    conts = generate_continuations(eng, ps, ccfg, ccfg.max_depth, batch_size=len(ps))
+    t1 = clock()
+    logs = collect_prompts(eng, head, ps, ccfg, continuations=conts, batch_size=len(ps))
+    t2 = clock()
+    positions = sum(len(cols["position"]) for log in logs for cols in log.positions.values())
+    rate = positions / (t2 - t0)
+    online = 1e3 / ar_step_ms if ar_step_ms else None
+    return {"status": "ok", "prompts": len(ps), "context": cfg.contexts[0], "new_tokens": cfg.collect_tokens,
+            "width": ccfg.widths[0], "max_depth": ccfg.max_depth, "positions": positions,
+            "continuations_s": t1 - t0, "expand_s": t2 - t1, "positions_per_s": rate,
+            "online_ar_tokens_per_s": online, "x_online_ar": rate / online if online else None}
 
 
 def spec_batch_steps(model, head, cfg, deadline: float, prompt) -> dict:

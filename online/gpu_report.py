@@ -52,7 +52,15 @@ def summary_line(step: str, r: dict) -> str:
         parts += [f"batched engine AR B={b['B']} {b.get('mode', 'eager')} {_f(b['ar']['t_step'])} ms"
                   + (f" ({_f(b['ar']['x_bound'])}x bound)" if b["ar"].get("x_bound") else "")
                   for b in spec if b["B"] == spec[0]["B"] and (b.get("ar") or {}).get("t_step")]
+        col = r.get("collect") or {}
+        if col.get("positions_per_s"):
+            parts.append(f"collection {col['positions_per_s']:.1f} positions/s ({_f(col['x_online_ar'])}x online AR)")
         return "; ".join(parts)
+    if step == "profile":
+        ar = r.get("ar_ms") or {}
+        return (f"{r.get('rows')} rows in {r.get('file')}, B = {', '.join(map(str, r.get('batch_levels', [])))}; "
+                + ", ".join(f"AR B={b} {v:.2f} ms" for b, v in list(ar.items())[:1] + list(ar.items())[-1:])
+                + f"; {r.get('remeasured', 0)} re-measured, {len(r.get('suspect') or [])} suspect")
     if step == "kernels":
         return "; ".join(f"{t['case']} {_f(t.get('wall_ms'), '{:.1f}')} ms" for t in r.get("traces", []))
     if step == "validate":
@@ -120,12 +128,23 @@ def render_markdown(rep: dict) -> str:
         lines += [f"Batch-1 tables stopped: {lat['batch1_failure']}.", ""]
     arb = lat.get("ar_batch") or {}
     if arb.get("rows"):
-        lines += ["AR decode step by batch size (`generate_batch`, the collection's slot cache):", ""]
+        lines += ["AR decode step by batch size (`generate_batch`: collection's continuations, on the batched "
+                  "engine's AR step; wall time per token, prefills excluded):", ""]
         lines += _table(["B", "context", "step (ms)", "tokens/s", "x weight-read bound"],
                         [[b["B"], b["context"], _f(b["step_ms"]), _f(b["tokens_per_s"], "{:.0f}"), _f(b.get("x_bound"))]
                          for b in arb["rows"]])
     elif arb:
         lines += [f"AR decode step by batch size: {arb.get('status')} ({arb.get('reason')}).", ""]
+    col = lat.get("collect") or {}
+    if col.get("status") == "ok":
+        lines += [f"Collection on {lat['device']} (`collect_prompts` in-process: {col['prompts']} prompts of context "
+                  f"{col['context']}, {col['new_tokens']} new tokens, W = {col['width']}, Dmax = {col['max_depth']}): "
+                  f"{col['positions']} positions in {col['continuations_s'] + col['expand_s']:.2f} s "
+                  f"(continuations {col['continuations_s']:.2f} s, teacher forcing and expansion {col['expand_s']:.2f} s), "
+                  f"**{col['positions_per_s']:.1f} positions/s** = {_f(col['x_online_ar'])}x the online AR tokens/s at "
+                  f"batch 1 ({_f(col['online_ar_tokens_per_s'], '{:.1f}')}).", ""]
+    elif col:
+        lines += [f"Collection: {col.get('status')} ({col.get('reason')}).", ""]
     spec = lat.get("spec_batch") or {}
     if spec.get("rows"):
         shapes = spec["shapes"]
@@ -140,6 +159,15 @@ def render_markdown(rep: dict) -> str:
                          + [_f((r.get("ar") or {}).get("x_bound"))] for r in spec["rows"]])
     elif spec:
         lines += [f"Batched engine: {spec.get('status')} ({spec.get('reason')}).", ""]
+    prof = steps.get("profile", {})
+    if prof.get("verify_ms"):
+        Vs = sorted({int(v) for row in prof["verify_ms"].values() for v in row})
+        lines += [f"GPU latency profile `{prof['file']}` ({prof['profile_id']}, {prof['device']}; "
+                  f"{prof['rows']} rows, contexts {', '.join(map(str, prof['contexts']))}): t_verify (ms) of the "
+                  f"latency model at context {prof['context']} by batch size B and verify size V (V = 1: the AR step)"
+                  + (f"; suspect cells left out: {'; '.join(prof['suspect'])}" if prof.get("suspect") else "") + ":", ""]
+        lines += _table(["B"] + [f"V = {v}" for v in Vs],
+                        [[b] + [_f(row.get(v, row.get(str(v)))) for v in Vs] for b, row in prof["verify_ms"].items()])
     for t in steps.get("kernels", {}).get("traces", []):
         if t.get("status") != "ok":
             lines += [f"Kernels, {t['case']}: {t.get('status')} ({t.get('reason')}).", ""]

@@ -45,7 +45,7 @@ import numpy as np
 
 from pipeline.collect.actor import GROUP_PROMPTS, GROUP_TOKENS, write_prompt_log
 from pipeline.collect.prompt import CollectConfig, PromptLog, collect_prompts, generate_past_eos
-from pipeline.decode.batch_generate import length_groups
+from pipeline.decode.batch_prefill import length_groups
 from pipeline.errors import DraftGymError
 from pipeline.logs.storage import resolve_out
 

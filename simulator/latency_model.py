@@ -70,6 +70,7 @@ import numpy as np
 
 from pipeline.errors import DataError
 from pipeline.logs.schema import read_table, table_files
+from pipeline.profiling.trust import is_suspect, suspects_line, trusted_out
 from simulator import latency_diagnostics
 from simulator.latency_batch import BATCH_INTERP, interp_batch
 from simulator.latency_surface import Z90, Surface, surface_of, two_piece
@@ -261,7 +262,7 @@ class LatencyModel:
     @classmethod
     def from_rows(cls, rows, model: str | None = None, profile: str | None = None,
                   point: str = "mean", device: str | None = None, dtype: str | None = None,
-                  batch_interp: str = "linear") -> "LatencyModel":
+                  batch_interp: str = "linear", trust: bool = False) -> "LatencyModel":
         """rows: a pyarrow Table or list of dicts with LATENCY columns. Rows without a `batch` (or with
         batch 0) are batch 1; the chosen profile's B > 1 rows become the levels interpolated in B
         (batch_interp: "linear" | "log", simulator.latency_batch).
@@ -273,7 +274,11 @@ class LatencyModel:
         point: the measured statistic the model predicts (its central value). "mean" (default): the
         expected time, which is what a throughput (tokens / total time) integrates; on a CPU the
         in-situ verify times are right-skewed (mean 5-7 % above the median), so medians would make
-        every method look faster than it is. "median" for robust comparisons of profiles."""
+        every method look faster than it is. "median" for robust comparisons of profiles.
+
+        trust: leave the profile's suspect cells out (pipeline/profiling/trust.py: a wild spread, or
+        dearer than a larger V or B); meta["suspect"] names them and meta["trust_note"] says it in
+        one line (tune, serve-eval and train-load print it)."""
         if point not in ("mean", "median"):
             raise ValueError(f"point must be 'mean' or 'median', got {point!r}")
         if batch_interp not in BATCH_INTERP:
@@ -314,6 +319,11 @@ class LatencyModel:
         mixed = sorted({str(r.get("dtype")) for r in unfiltered if r["profile_id"] == profile})
         if len(mixed) > 1:
             raise DataError(f"latency profile {profile!r} mixes dtypes ({', '.join(mixed)}); profile each dtype separately")
+        wide = [r for r in wide if r["profile_id"] == profile]
+        suspects = trusted_out(rows + wide) if trust else []
+        if suspects:
+            rows = [r for r in rows if not is_suspect(r, suspects)]
+            wide = [r for r in wide if not is_suspect(r, suspects)]
         by = {op: [r for r in rows if r["op"] == op] for op in OPS}
         for op in ("draft_step", "verify"):
             if not by[op]:
@@ -327,13 +337,14 @@ class LatencyModel:
         spread = ((float(np.mean(col(pol, "p10"))) / policy_s, float(np.mean(col(pol, "p90"))) / policy_s)
                   if pol and policy_s > 0 else (1.0, 1.0))
         costs = {r["op"].removeprefix("policy:"): float(r[point]) for r in rows if r["op"].startswith("policy:")}
-        batched, policy_by_batch = batch_levels([r for r in wide if r["profile_id"] == profile], point)
+        batched, policy_by_batch = batch_levels(wide, point)
         prefill = surface_of(by["prefill"], None, point) if by["prefill"] else None
         batch_context = "mean" if rows[0].get("device_type") == "sglang" else "max"   # paged vs slot attention
         meta = {"profile_id": profile, "device": rows[0].get("device"), "model_id": rows[0].get("model_id"),
                 "dtype": rows[0].get("dtype"), "n_rows": len(rows), "has_overhead": bool(by["overhead"]),
                 "has_policy": bool(pol), "note": note, "point": point, "has_prefill": prefill is not None,
-                "batch_context": batch_context,
+                "batch_context": batch_context, "suspect": [x.label() for x in suspects],
+                "trust_note": suspects_line(profile, suspects) if suspects else None,
                 "batch_sizes": sorted({1, *policy_by_batch, *(B for lv in batched.values() for B in lv)})}
         return cls(draft, verify, overhead, policy_s, spread, meta, costs, batched, policy_by_batch, batch_interp,
                    prefill, batch_context)
@@ -341,7 +352,7 @@ class LatencyModel:
     @classmethod
     def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None,
                   point: str = "mean", device: str | None = None, dtype: str | None = None,
-                  batch_interp: str = "linear") -> "LatencyModel":
+                  batch_interp: str = "linear", trust: bool = False) -> "LatencyModel":
         """All latency shards under <root>/latency (any partitioning), checked reads."""
         files = table_files(root, "latency")
         if not files:
@@ -350,7 +361,7 @@ class LatencyModel:
         for f in files:
             rows += read_table(f, "latency").to_pylist()
         return cls.from_rows(rows, model=model, profile=profile, point=point, device=device, dtype=dtype,
-                             batch_interp=batch_interp)
+                             batch_interp=batch_interp, trust=trust)
 
     @classmethod
     def from_constants(cls, draft_step: float = 0.006, verify: float = 0.05, policy: float = 0.0,

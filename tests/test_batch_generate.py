@@ -169,7 +169,7 @@ def test_grouped_prefill_equals_batch1(monkeypatch):
     at most PREFILL_TOKENS padded tokens; rows still equal batch-1 generate_ar (fp32). A target whose
     CausalLM changes logits after the lm_head (here flagged by a soft-capping config field) is
     prefilled one prompt per forward through the CausalLM, with the same rows."""
-    import pipeline.decode.batch_generate as bg
+    import pipeline.decode.batch_prefill as bg
 
     eng, prompts = _setup()
     monkeypatch.setattr(bg, "PREFILL_TOKENS", 40)                  # 7 prompts of 1-17 tokens: several groups

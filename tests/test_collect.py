@@ -440,7 +440,7 @@ def test_acceptance_distributions_batched_across_roots_equal_one_root_per_forwar
 
 
 def test_length_groups_cap_members_and_padded_tokens():
-    from pipeline.collect.actor import length_groups
+    from pipeline.decode.batch_prefill import length_groups
 
     lens = [10, 10, 20, 30, 100, 250, 900]
     assert length_groups(lens, 3, 1000) == [[0, 1, 2], [3, 4, 5], [6]]           # 3 x 250 <= 1000

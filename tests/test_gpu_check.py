@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from online import carry
@@ -38,7 +39,8 @@ def run_blocked(code: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 def test_gpu_check_modules_import_without_cpu_only_packages():
     """Every module the check (and the validate paths it may take: --logs, --policy) imports."""
-    mods = ["online.gpu_check", "online.gpu_latency", "online.gpu_kernels", "online.gpu_report", "online.carry", "online.validate",
+    mods = ["online.gpu_check", "online.gpu_latency", "online.gpu_kernels", "online.gpu_report", "online.gpu_profile",
+            "online.carry", "online.validate",
             "online.policy_adapter", "online.controller_specs", "pipeline.decode.batch_engine",
             "pipeline.profiling.profile", "simulator.logs.load", "simulator.latency_model", "simulator.baselines",
             "simulator.evaluate", "simulator.replay", "simulator.policy_specs", "simulator.policies.checkpoint",
@@ -60,7 +62,7 @@ def test_dry_run_writes_both_reports(tmp_path):
     assert rep["format"] == "draftgym-gpu-check/1" and rep["config"]["dry_run"] and rep["gpu"] is None
     assert {"device", "torch", "transformers", "draftgym_commit"} <= set(rep["environment"])
     steps = rep["steps"]
-    assert list(steps) == ["tests", "lossless", "latency", "kernels", "validate"]
+    assert list(steps) == ["tests", "lossless", "latency", "profile", "kernels", "validate"]
     assert all(s["status"] == "ok" and s["wall_s"] >= 0 for s in steps.values()), {k: (s["status"], s.get("reason"))
                                                                                   for k, s in steps.items()}
     assert steps["tests"]["collect_only"] and steps["tests"]["counts"]["collected"] >= 5
@@ -75,6 +77,14 @@ def test_dry_run_writes_both_reports(tmp_path):
     assert lat["ar_batch"]["status"] == "ok" and [b["B"] for b in lat["ar_batch"]["rows"]] == [1, 2]
     assert lat["spec_batch"]["status"] == "ok" and [r["B"] for r in lat["spec_batch"]["rows"]] == [1, 2]
     assert all(r["5,1,6"]["break_even_tau"] > 0 for r in lat["spec_batch"]["rows"])
+    col = lat["collect"]                               # 2 prompts x 4 new tokens, one width: roots y_0 .. y_{T-2}
+    assert col["status"] == "ok" and col["positions"] == 2 * 3 and col["positions_per_s"] > 0 and col["x_online_ar"] > 0
+    prof = steps["profile"]                            # a normal profile: the latency model reads it back
+    assert prof["batch_levels"] == [1, 2] and prof["file"] == "gpu_profile.parquet" and prof["left_out"] == []
+    assert all(prof["verify_ms"][b][v] > 0 for b in ("1", "2") for v in ("1", "2", "4"))
+    from simulator.latency_model import LatencyModel
+    got = LatencyModel.from_rows(pq.read_table(out / "gpu_profile.parquet"), model="tiny")
+    assert got.batch_levels == [1, 2] and got.meta["profile_id"] == prof["profile_id"] and got.has_prefill
     kern = steps["kernels"]["traces"]
     assert [t["case"] for t in kern] == ["engine-deep", "engine-shallow", "batch-ar", "generate-batch"]
     assert all(t["status"] == "ok" and t["wall_ms"] > 0 and t["by_cpu"] and not t["by_device"] for t in kern)
@@ -86,7 +96,8 @@ def test_dry_run_writes_both_reports(tmp_path):
     md = (out / "gpu_report.md").read_text()
     for heading in ("| step | status | result | wall (s) |", "| tree (D, W, V) | prompts | exact |",
                     "| op | context | W | V |", "break-even tau", "| B | context | step (ms) |", "| B | mode | ar | (8,10,60) |",
-                    "| dataset | method | tokens/s |", "Kernels, engine-deep", "| op | calls | self device (ms) |"):
+                    "| dataset | method | tokens/s |", "Kernels, engine-deep", "positions/s** =", "| op | calls | self device (ms) |",
+                    "GPU latency profile `gpu_profile.parquet`", "| B | V = 1 | V = 2 | V = 4 |"):
         assert heading in md, heading
     assert (out / "tests.log").is_file() and (out / "validate_report.md").is_file()
     assert len(list(out.iterdir())) <= 8 and all(p.is_file() for p in out.iterdir())   # what a device call brings back
@@ -97,7 +108,7 @@ def test_budget_skips_every_step_cleanly(tmp_path):
     out = tmp_path / "out"
     assert gpu_check_main(["--dry-run", "--minutes", "1e-9", "--out", str(out)]) == 0
     rep = json.loads((out / "gpu_report.json").read_text())
-    assert [s["status"] for s in rep["steps"].values()] == ["skipped"] * 5
+    assert [s["status"] for s in rep["steps"].values()] == ["skipped"] * 6
     assert all("time budget" in s["reason"] for s in rep["steps"].values())
     assert "time budget" in (out / "gpu_report.md").read_text()
 

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from pipeline.decode.batch_generate import length_groups
+from pipeline.decode.batch_prefill import length_groups
 from pipeline.collect.prompt import CollectConfig, collect_prompt, collect_prompts, generate_continuations
 from pipeline.errors import DraftGymError, first_line
 from pipeline.logs.schema import FAILURES, SCHEMA_VERSION, SEQUENCES, partition_parts, positions_schema, write_atomic

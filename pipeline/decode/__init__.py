@@ -17,10 +17,12 @@
     batch_kv.py        the per-row state of batched decoding: slot caches, token and feature stores
     batch_step.py      the fixed-shape parts of a batched step (pending, draft, verify): what CUDA graphs capture
     batch_rows.py      the host side of a batched call: inputs checked, queue, which request each slot holds
+    batch_admit.py     rows joining and leaving the batched engine: arrivals, prefills, first tokens, cuts
+    batch_prefill.py   prompts prefilled several per forward (the first rows of an AR call)
     batch_verify.py    the verify half of a batched step: B trees, one target forward, per-row acceptance
     batch_result.py    what a batched generation returns: per-prompt rows, the step log, the cut rule
     lossless.py        lossless at T = 0 for every dtype: exact, near-tie or mismatch
-    batch_generate.py  batched AR generation with per-row seeds, a refill queue and an on-disk cache
+    batch_generate.py  collection's continuations: the batched engine's AR with per-row seeds, an on-disk cache
     generate.py        `draftgym generate`: one prompt with AR or EAGLE-3
     generate_batch.py  `draftgym generate --batch-size B --prompts-file F`: a file of prompts, batched engine
 """

@@ -7,7 +7,7 @@ The engine (pipeline/decode/engine.py, verify.py) assumes three things of a Hugg
    `final_logit_softcapping`), Cohere's `logit_scale`, Granite's `logits_scaling`. Code that
    recomputes logits from hidden states applies the same transform (`output_logits`: the trainer's
    soft labels, pipeline/train_head/ttt.py) or goes through the CausalLM where one is present
-   (`logits_are_lm_head`: the batched prefill, pipeline/decode/batch_generate.py).
+   (`logits_are_lm_head`: the batched prefill, pipeline/decode/batch_prefill.py).
 2. Every decoder layer keeps a plain key/value cache (full or sliding-window attention), so the
    entries of the verified tree can be compacted in place (verify.compact_cache). Recurrent, linear
    attention, chunked, or KV-sharing layers are refused by `check_target`.

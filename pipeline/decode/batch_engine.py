@@ -52,14 +52,13 @@ graph's key holds their addresses. DRAFTGYM_CUDA_GRAPHS=0 or cuda_graphs=False t
 """
 from __future__ import annotations
 
-import bisect
-
 import torch
 
 from pipeline.decode import arch
 from pipeline.decode import batch_step as step
+from pipeline.decode.batch_admit import HEADROOM, RowAdmission
 from pipeline.decode.batch_kv import BatchState
-from pipeline.decode.batch_result import BatchResult, RowCycle, RowResult, cut
+from pipeline.decode.batch_result import BatchResult, RowCycle, RowResult
 from pipeline.decode.batch_rows import Call, Rows, check_call
 from pipeline.decode.batch_verify import (TreeBatch, accept_greedy_batch, accept_sampling_rows, select_trees,
                                           verify_forward)
@@ -68,14 +67,12 @@ from pipeline.decode.controller import (BatchController, BatchStepContext, Stati
 from pipeline.decode.prepare import prepare_modules
 from pipeline.decode.head import Eagle3Head
 from pipeline.decode.tree import log_softmax32
-from pipeline.decode.verify import sample_token, target_forward
 from pipeline.errors import DraftGymError
 from pipeline.runtime.clock import DeviceClock
 from pipeline.runtime.cuda_graphs import GraphCache
 
 __all__ = ["BatchEngine", "BatchResult", "RowCycle", "RowResult"]
 
-HEADROOM = 64     # slot entries past the longest prompt + max_new_tokens (grown when a step needs more)
 SPAN_BUCKET = 128  # with CUDA graphs: the key span of a step, rounded up to a multiple of this
 
 
@@ -83,7 +80,7 @@ def pow2_at_least(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
-class BatchEngine:
+class BatchEngine(RowAdmission):
     """EAGLE-3 (and AR) generation for one target + one head, B prompts at a time."""
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None,
@@ -118,18 +115,26 @@ class BatchEngine:
                          controller or StaticBatchController(), features=True, arrivals=arrivals, max_steps=max_steps)
 
     def generate_ar(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
-                    seeds: int | list[int] = 0, batch_size: int = 8, arrivals: list[float] | None = None) -> BatchResult:
-        """AR at batch size `batch_size`: the same step, off every step, no head and no features."""
+                    seeds: int | list[int] = 0, batch_size: int = 8, arrivals: list[float] | None = None,
+                    eos_token_ids=None, on_result=None, stop_refill=None) -> BatchResult:
+        """AR at batch size `batch_size`: the same step, off every step, no head and no features.
+        The first rows are prefilled several per forward (pipeline/decode/batch_prefill.py).
+        eos_token_ids: this call's (default the engine's; empty: every row runs to max_new_tokens);
+        on_result(i, row) as prompt i ends; stop_refill() -> True: start no more prompts (those never
+        started keep stop_reason ''). Collection's continuations (generate_batch) run here."""
         return self._run("ar", prompts, max_new_tokens, temperature, seeds, batch_size,
-                         StaticBatchController(StepShape.off()), features=False, arrivals=arrivals)
+                         StaticBatchController(StepShape.off()), features=False, arrivals=arrivals,
+                         eos=eos_token_ids, on_result=on_result, stop_refill=stop_refill)
 
     # -- one call --------------------------------------------------------------------------------
     @torch.inference_mode()
     def _run(self, method, prompts, max_new_tokens, temperature, seeds, batch_size, controller, features,
-             arrivals=None, max_steps=None):
+             arrivals=None, max_steps=None, eos=None, on_result=None, stop_refill=None):
         # a sliding window is never reached (pipeline/decode/arch.py: the slot masks are not windowed):
-        # the controller's static V counts up front, a larger V chosen mid-generation at its step
-        tree = getattr(controller, "shape", StepShape()).verify_size if self.window else 0
+        # the controller's static V counts up front, a larger V chosen mid-generation at its step; the
+        # off step's one token is the root, already counted in the new tokens (as Engine.generate_ar)
+        shape = getattr(controller, "shape", StepShape())
+        tree = shape.verify_size if self.window and not shape.is_off else 0
         if max_steps is not None and max_steps < 1:
             raise DraftGymError(f"max_steps must be >= 1 (or None: until every row ends), got {max_steps}")
         seeds, max_new, arrivals = check_call(self.model.config, prompts, max_new_tokens, temperature, seeds,
@@ -141,12 +146,16 @@ class BatchEngine:
         controller.reset()
         t0 = self.clock()
         run = Call(prompts, max_new, seeds, temperature, features, res, queue=list(range(len(prompts)))[::-1],
-                    arrival=arrivals, t0=t0)
+                   arrival=arrivals, t0=t0, eos=frozenset(self.eos if eos is None else eos), on_result=on_result,
+                   stop_refill=stop_refill)
         B = min(batch_size, len(prompts) if arrivals is None else self._arrived(run))
         state = self._stores(B, self._span(max(len(p) for p in prompts) + max(max_new) + HEADROOM) + 1, features)
         rows = Rows(B)
+        if not features:
+            res.prefill_s += self._fill_grouped(state, rows, run)
         for s in range(B):
-            res.prefill_s += self._fill(s, state, rows, run)
+            if rows.req[s] < 0:
+                res.prefill_s += self._fill(s, state, rows, run)
         self._drop_dead(state, rows)
         while (rows.req or run.queue) and (max_steps is None or len(res.steps) < max_steps):
             if not rows.req:                                  # idle: skip the wait for the next arrival
@@ -177,75 +186,6 @@ class BatchEngine:
     def _span(self, n: int) -> int:
         """Keys [0, span) a step reads to see entries < n: n rounded up to the span bucket."""
         return -(-n // self.span_bucket) * self.span_bucket
-
-    # -- the call's clock and arrivals ---------------------------------------------------------------
-    def _now(self, run: Call) -> float:
-        """s since the call's start, waits for arrivals skipped (module docstring)."""
-        return self.clock() - run.t0 + run.res.idle_s
-
-    def _arrived(self, run: Call) -> int:
-        """Requests queued that have arrived by now (all of them without arrival times). Prompts start
-        in index order and arrivals do not decrease, so it is (arrived by now) - (started)."""
-        if run.arrival is None or not run.queue:
-            return len(run.queue)
-        started = len(run.prompts) - len(run.queue)
-        return max(0, bisect.bisect_right(run.arrival, self._now(run)) - started)
-
-    def _admit(self, state: BatchState, rows: Rows, run: Call, max_batch: int) -> None:
-        """Arrived requests take new slots up to max_batch rows (arrivals only; a closed call refills
-        in place). The prefills count as the last step's refills."""
-        k = min(max_batch - len(rows.req), self._arrived(run)) if run.arrival is not None else 0
-        if k <= 0:
-            return
-        first = len(rows.req)
-        state.add(k)
-        rows.add(k)
-        t = sum(self._fill(s, state, rows, run) for s in range(first, first + k))
-        self._drop_dead(state, rows)
-        run.res.prefill_s += t
-        if run.res.steps:
-            run.res.steps[-1].t_refill += t
-
-    # -- rows joining and leaving --------------------------------------------------------------------
-    def _fill(self, s: int, state: BatchState, rows: Rows, run: Call) -> float:
-        """Prefill queued prompts into slot s (batch 1, as Engine.generate) until one does not finish
-        at its first token. Returns the seconds spent."""
-        from transformers import DynamicCache
-
-        t0 = self.clock()
-        rows.req[s] = -1
-        while run.queue and (run.arrival is None or run.arrival[run.queue[-1]] <= self._now(run)):
-            i = run.queue.pop()
-            run.res.rows[i].join_s = self._now(run)
-            p, dev = run.prompts[i], self.device
-            gen = torch.Generator(device=dev).manual_seed(run.seeds[i])
-            cache = DynamicCache(config=self.model.config)
-            n = len(p)
-            logits, hs = target_forward(self.model, torch.tensor([p], device=dev), torch.arange(n, device=dev)[None],
-                                        cache, hidden_states=run.features, last_only=True)
-            out, stop = cut([sample_token(logits[-1], run.T, gen)], self.eos, run.max_new[i])
-            if stop is not None:                     # finished by its first token: the slot takes the next prompt
-                run.res.rows[i].output_ids, run.res.rows[i].stop_reason = out, stop
-                run.res.rows[i].finish_s = self._now(run)
-                continue
-            feats = head_kv = None
-            if run.features:                      # the head reads entries 0..n-2 now (as Engine.generate)
-                feats = self.head.fuse(hs)           # [1, n, H]
-                if n > 1:
-                    _, _, head_kv = self.head(torch.tensor([p[1:]], device=dev), feats[:, : n - 1],
-                                              torch.arange(n - 1, device=dev), logits=False)
-            state.ensure(n + run.max_new[i] + HEADROOM)
-            state.load(s, p + out, cache, n, head_kv, max(n - 1, 0), feats)
-            rows.set(s, i, out, gen)
-            break
-        return self.clock() - t0
-
-    def _drop_dead(self, state: BatchState, rows: Rows) -> None:
-        """Slots left empty (the queue ran dry) leave the batch: the stores keep the live rows only."""
-        keep = [s for s, r in enumerate(rows.req) if r >= 0]
-        if len(keep) < len(rows.req):
-            state.keep(keep)                  # none left: an empty batch, which arrivals may grow again
-            rows.keep(keep)
 
     # -- one step ----------------------------------------------------------------------------------
     def _pending_forward(self, state: BatchState):
@@ -367,10 +307,8 @@ class BatchEngine:
                             rows=list(rows.req), context_lens=ctx_lens, accepted=[p[0] for p in packed],
                             emitted=[], queued=queued, t_draft=t_draft, t_verify=t_verify)
         done = self._emit(rows, record, packed, run)
-        if done:
-            now = self._now(run)
-            for s in done:
-                run.res.rows[rows.req[s]].finish_s = now
+        for s in done:
+            self._finished(run, rows.req[s])
         c0 = clock()
         controller.observe(record)
         c1 = clock()
@@ -382,21 +320,3 @@ class BatchEngine:
             record.t_refill += t
             res.prefill_s += t
         self._drop_dead(state, rows)
-
-    def _emit(self, rows: Rows, record: StepRecord, packed: list[list[int]], run: Call) -> list[int]:
-        """Append each row's tokens, cut at EOS / max_new_tokens; returns the slots that finished."""
-        done = []
-        for s, p in enumerate(packed):
-            i, L = rows.req[s], p[0]
-            before = len(rows.out[s])
-            rows.out[s], stop = cut(rows.out[s] + p[1 : L + 2], self.eos, run.max_new[i])
-            emitted = len(rows.out[s]) - before
-            record.emitted.append(emitted)
-            rows.hist[s].append(L)
-            r = run.res.rows[i]
-            r.cycles.append(RowCycle(record.step, record.batch_size, record.depth, record.width, record.verify_size,
-                                     L, emitted, record.context_lens[s]))
-            if stop is not None:
-                r.output_ids, r.stop_reason = rows.out[s], stop
-                done.append(s)
-        return done

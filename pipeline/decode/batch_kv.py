@@ -1,9 +1,12 @@
 """The per-row state of batched EAGLE-3 decoding: slot caches for the target and the head, and the
 token and feature stores, preallocated and written in place at each row's own offsets.
 
-Layout (the slot layout of pipeline/decode/batch_generate.py, for every store): row r's entry for
-sequence index t sits at index t of its slot, so positions are the natural ones and no row is
-shifted by padding. Row r holds
+Layout: slots, not left padding, for every store. Row r's entry for sequence index t sits at index t
+of its slot, so positions are the natural ones and no row is shifted by padding; a finished row's
+slot is refilled in place with a prompt of any length without moving the other rows, which left
+padding cannot do (all rows share one right edge). HF's StaticCache is preallocated too but shares one
+write position (cache_position) across the batch, so it cannot hold rows of different lengths
+without left padding, nor refill a slot. Row r holds
 
     ids[r, t]      token x_t, t <= n_r             (x_{n_r} is the root: emitted, not yet in the target cache)
     target KV      entries t < n_r                 (BatchSlotKV)
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.decode.batch_generate import SlotKV, _kv_geometry
 from pipeline.decode.head_model import KVBuffer
 
 
@@ -31,9 +33,24 @@ def _rows_index(A: int, device) -> torch.Tensor:
     return torch.arange(A, device=device)[:, None]                            # [A, 1]
 
 
-class BatchSlotKV(SlotKV):
-    """SlotKV with q new tokens per row: a forward writes row r's entries at pos[r] .. pos[r] + q - 1
+def kv_geometry(model) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a target."""
+    c = model.config
+    n_heads = c.num_attention_heads
+    d = getattr(c, "head_dim", None) or c.hidden_size // n_heads
+    return c.num_hidden_layers, getattr(c, "num_key_value_heads", None) or n_heads, d
+
+
+class BatchSlotKV:
+    """The target's K/V in B slots, per layer [B, n_kv, S, d]. Duck-types the one method HF attention
+    calls on a cache, `update`: a forward writes row r's q new entries at pos[r] .. pos[r] + q - 1
     (one scatter per layer) and attends over keys [0, span) under the caller's additive mask."""
+
+    def __init__(self, n_layers: int, B: int, n_kv: int, S: int, d: int, dtype, device):
+        self.k = [torch.zeros(B, n_kv, S, d, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros_like(k) for k in self.k]
+        self.pos = torch.zeros(B, dtype=torch.long, device=device)   # [A] write index of this forward
+        self.span = 1                                                 # keys read: [0, span)
 
     def update(self, k, v, layer_idx, *args, **kwargs):
         """k, v: [A, n_kv, q, d] -> written at (r, pos[r] + i); returns keys/values [A, n_kv, span, d]."""
@@ -43,6 +60,17 @@ class BatchSlotKV(SlotKV):
         self.k[layer_idx][rows, :, idx] = k.transpose(1, 2)                    # [A, q, n_kv, d]
         self.v[layer_idx][rows, :, idx] = v.transpose(1, 2)
         return self.k[layer_idx][:, :, : self.span], self.v[layer_idx][:, :, : self.span]
+
+    def load(self, slot: int, cache, n: int, row: int = 0) -> None:
+        """Copy row `row`'s first n entries of a DynamicCache into slot `slot`, indices [0, n)."""
+        for i, layer in enumerate(cache.layers):
+            self.k[i][slot, :, :n] = layer.keys[row, :, :n]
+            self.v[i][slot, :, :n] = layer.values[row, :, :n]
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep the given slots only (a copy)."""
+        self.k = [k[rows] for k in self.k]
+        self.v = [v[rows] for v in self.v]
 
     def compact(self, start: torch.Tensor, order: torch.Tensor) -> None:
         """Row r: entry start[r] + order[r, i] moves to start[r] + i, for i < V (the accepted path
@@ -120,7 +148,7 @@ class BatchState:
 
     def __init__(self, model, head, B: int, S: int, features: bool):
         dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-        n_layers, n_kv, d = _kv_geometry(model)
+        n_layers, n_kv, d = kv_geometry(model)
         self.kv = BatchSlotKV(n_layers, B, n_kv, S, d, dtype, dev)
         self.ids = torch.zeros(B, S, dtype=torch.long, device=dev)              # [A, S]
         self.n = torch.zeros(B, dtype=torch.long, device=dev)                   # [A]
@@ -162,10 +190,11 @@ class BatchState:
         return self.ids.shape[1]
 
     def load(self, slot: int, seq: list[int], cache, n: int, head_kv=None, dl: int = 0,
-             feats: torch.Tensor | None = None) -> None:
-        """A new row in `slot`: tokens seq (prompt + first token, len n + 1), the target's batch-1
-        cache (n entries), the head's batch-1 KV (dl entries) and features f_0 .. f_{n-1} [1, n, H]."""
-        self.kv.load(slot, cache, n)
+             feats: torch.Tensor | None = None, row: int = 0) -> None:
+        """A new row in `slot`: tokens seq (prompt + first token, len n + 1), the target's cache (row
+        `row` of a prefill's DynamicCache, n entries), the head's batch-1 KV (dl entries) and features
+        f_0 .. f_{n-1} [1, n, H]."""
+        self.kv.load(slot, cache, n, row)
         self.ids[slot, : len(seq)] = torch.tensor(seq, device=self.ids.device)
         self.n[slot], self.n_host[slot] = n, n
         self.dl[slot], self.dl_host[slot] = dl, dl

@@ -4,6 +4,7 @@ accepted-length history (`Rows`). The device side is pipeline/decode/batch_kv.py
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -25,6 +26,16 @@ class Call:
     queue: list[int]                # prompt indices not started, next last (pop())
     arrival: list[float] | None = None  # s on the call's clock, per prompt (None: all at 0)
     t0: float = 0.0                 # the clock at the call's start
+    eos: frozenset = frozenset()    # the tokens that end a row (empty: every row runs to its max_new)
+    on_result: Callable | None = None   # on_result(i, RowResult) as prompt i ends
+    stop_refill: Callable | None = None  # stop_refill() -> True: take no more prompts (the rest stay unstarted)
+
+    def ready(self, now: float) -> bool:
+        """May the next queued prompt start now? (arrived, and refills not stopped; a stop empties the
+        queue, so the prompts it leaves keep stop_reason ''.)"""
+        if self.queue and self.stop_refill is not None and self.stop_refill():
+            self.queue.clear()
+        return bool(self.queue) and (self.arrival is None or self.arrival[self.queue[-1]] <= now)
 
 
 class Rows:

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from pipeline.errors import DraftGymError
 from pipeline.profiling.batched import batched_rows
+from pipeline.profiling.trust import suspect_cells
 from pipeline.profiling.timed_ops import depth_for, draft_op, policy_op, prefill_op, stats_of, time_op, tree_pool, verify_op, verify_width
 from pipeline.logs.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
 
@@ -47,18 +48,15 @@ DEFAULT_BATCH_SIZES = (1,)
 DEFAULT_PREFILL_LENGTHS = (64, 256, 1024)
 
 
-def measure_overhead(engine, tokenizer, n_tokens: int = 48) -> list[float]:
-    """Per-cycle time not spent in draft, verify or controller, from a real static-default decode."""
-    from pipeline.decode.target import encode_prompt
-
-    ids = encode_prompt(tokenizer, "Explain how a hash map works, step by step.")
+def measure_overhead(engine, ids: list[int], n_tokens: int = 48) -> list[float]:
+    """Per-cycle time not spent in draft, verify or controller, from a real static-default decode of `ids`."""
     engine.generate(ids, 8)
     res = engine.generate(ids, n_tokens)
     return [max(0.0, c.t_overhead) for c in res.cycles]
 
 
-def in_situ_samples(engine, tokenizer, context_len: int, depth: int, width: int, verify_size: int,
-                    cycle_tokens: int, min_cycles: int = 8) -> list:
+def in_situ_samples(engine, prompt: Callable[[int, int], list[int]], context_len: int, depth: int, width: int,
+                    verify_size: int, cycle_tokens: int, min_cycles: int = 8) -> list:
     """CycleRecords of greedy static (D, W, V) decoding from prompts of exactly `context_len` tokens
     (after a warm-up generation). A prompt whose greedy answer ends at once (EOS) gives no cycles, so
     up to 8 prompt variants are tried until `min_cycles` cycles are in."""
@@ -67,7 +65,7 @@ def in_situ_samples(engine, tokenizer, context_len: int, depth: int, width: int,
     ctrl = StaticController(depth, width, verify_size)
     cycles, warm = [], False
     for variant in range(8):
-        ids = context_prompt(tokenizer, context_len, variant)
+        ids = prompt(context_len, variant)
         if not warm:
             engine.generate(ids, 4, controller=ctrl)
             warm = True
@@ -118,26 +116,43 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
 def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                    contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, progress: bool = True,
                    isolated: bool = False, cycle_tokens: int = 24, batch_sizes=DEFAULT_BATCH_SIZES,
-                   prefill_lengths=DEFAULT_PREFILL_LENGTHS) -> dict:
+                   prefill_lengths=DEFAULT_PREFILL_LENGTHS, prompt: Callable[[int, int], list[int]] | None = None,
+                   deadline: float | None = None) -> dict:
     """Profile a loaded engine (its target and head) into a new `latency` file under `out`: one
     round of `InSituSampler` (plus the isolated ops if asked, and the batched ops at every batch
-    size B > 1 of `batch_sizes`, and the prefill at each of `prefill_lengths`; batch 1 is always profiled)."""
+    size B > 1 of `batch_sizes`, and the prefill at each of `prefill_lengths`; batch 1 is always profiled).
+    prompt(c, r) -> a prompt of exactly c tokens, variant r (default: `context_prompt` of the tokenizer;
+    a random-weight target without one passes its own). deadline (perf_counter s): batch sizes and
+    prefill lengths not started by then are left out (named in the result's `left_out`)."""
     sampler = InSituSampler(engine, tokenizer, model, widths=widths, verify_sizes=verify_sizes, contexts=contexts,
-                            repeats=repeats, cycle_tokens=cycle_tokens)
+                            repeats=repeats, cycle_tokens=cycle_tokens, prompt=prompt)
+    late = lambda: deadline is not None and time.perf_counter() > deadline
+    left_out = []
     if isolated:
         for op, W, V, c in tqdm(sampler.isolated_jobs(), desc="profile (isolated)", unit="op", disable=not progress):
             fn = draft_op(engine.head, W, c) if op == "draft_isolated" else verify_op(engine.model, V, c, head=engine.head)
             sampler.extra.append((op, time_op(fn, engine.device, warmup=warmup, repeats=repeats), W, V, c, 1))
     sampler.run_round(progress)
+    remeasured = sampler.remeasure()                                       # suspect cells (trust.py), once
     for B in sorted({int(b) for b in batch_sizes} - {1}):                  # batch 1: the in-situ round above
-        sampler.extra += batched_rows(engine, B, widths, verify_sizes, sampler.contexts,
-                                      lambda c, r: context_prompt(tokenizer, c, r), repeats=repeats, progress=progress)
+        if late():
+            left_out.append(f"batch {B}")
+            continue
+        rows, n = batched_rows(engine, B, widths, verify_sizes, sampler.contexts, sampler.prompt,
+                               repeats=repeats, progress=progress)
+        sampler.extra += rows
+        remeasured += n
     max_n = engine.model.config.max_position_embeddings - 1
     for n in tqdm(sorted({int(n) for n in prefill_lengths if int(n) <= max_n}), desc="profile (prefill)",
                   unit="length", disable=not progress):
+        if late():
+            left_out.append(f"prefill {n}")
+            continue
         stats = time_op(prefill_op(engine.model, engine.head, n), engine.device, warmup=1, repeats=repeats)
         sampler.extra.append(("prefill", stats, 0, 0, n, 1))
-    return sampler.write(out)
+    res = sampler.write(out)
+    res["remeasured"], res["left_out"] = remeasured, left_out
+    return res
 
 
 class InSituSampler:
@@ -150,8 +165,16 @@ class InSituSampler:
     profile then samples the same machine states as the decoding it predicts."""
 
     def __init__(self, engine, tokenizer, model: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
-                 contexts=DEFAULT_CONTEXTS, repeats: int = 5, cycle_tokens: int = 24):
-        self.engine, self.tokenizer, self.model = engine, tokenizer, model
+                 contexts=DEFAULT_CONTEXTS, repeats: int = 5, cycle_tokens: int = 24,
+                 prompt: Callable[[int, int], list[int]] | None = None):
+        """prompt(c, r): a prompt of exactly c tokens, variant r (default `context_prompt` of the tokenizer)."""
+        from pipeline.decode.target import encode_prompt
+
+        self.engine, self.model = engine, model
+        self.prompt = prompt or (lambda c, r: context_prompt(tokenizer, c, r))
+        # the overhead's decode: one short request (a prompt of 24 tokens where no tokenizer is given)
+        self.overhead_ids = (encode_prompt(tokenizer, "Explain how a hash map works, step by step.")
+                             if tokenizer is not None else self.prompt(24, 0))
         self.widths, self.verify_sizes, self.repeats, self.cycle_tokens = tuple(widths), tuple(verify_sizes), repeats, cycle_tokens
         max_ctx = engine.model.config.max_position_embeddings - max(verify_sizes) - cycle_tokens - 1
         self.contexts = [c for c in contexts if c <= max_ctx]
@@ -180,7 +203,7 @@ class InSituSampler:
     def _run(self, job) -> None:
         W, V, c, timed_verify = job
         D = depth_for(V, W) if timed_verify else 2
-        cyc = in_situ_samples(self.engine, self.tokenizer, c, D, W, V, self.cycle_tokens, min_cycles=max(self.repeats, 8))
+        cyc = in_situ_samples(self.engine, self.prompt, c, D, W, V, self.cycle_tokens, min_cycles=max(self.repeats, 8))
         cyc = [x for x in cyc if x.verify_size == min(V, 1 + tree_pool(D, W))]
         if not cyc:
             raise DraftGymError(f"profile: no cycles of the static tree ({D}, {W}, {V}) at context {c}")
@@ -193,6 +216,26 @@ class InSituSampler:
         self.drafts.setdefault((W, c), []).extend(t_draft_step)
         seg.setdefault(("draft", W, c), []).extend(t_draft_step)
         self.done += 1
+
+    def cells(self) -> list[dict]:
+        """The batch-1 verify and draft_step cells so far, as LATENCY-like rows (for trust.py)."""
+        return [{"op": "verify", "verify_size": V, "context_len": c, "batch": 1, **stats_of(ts)}
+                for (V, c), ts in self.verify.items()] + \
+               [{"op": "draft_step", "width": W, "context_len": c, "batch": 1, **stats_of(ts)}
+                for (W, c), ts in self.drafts.items()]
+
+    def remeasure(self) -> int:
+        """Run again, once, the trees behind each suspect cell (pipeline/profiling/trust.py: a wild
+        spread or out of order), its old samples dropped. Returns the number of cells re-measured;
+        any still suspect are named by `tune` and `serve-eval`, which leave them out."""
+        sus = suspect_cells(self.cells())
+        for x in sus:
+            (self.verify if x.op == "verify" else self.drafts).pop((x.size, x.context), None)
+        redo = lambda j: any((j[3] and x.op == "verify" and (j[1], j[2]) == (x.size, x.context))
+                             or (x.op == "draft_step" and (j[0], j[2]) == (x.size, x.context)) for x in sus)
+        for job in [j for j in self.jobs if redo(j)]:
+            self._run(job)
+        return len(sus)
 
     def speed_factor(self, segment: str | None) -> tuple[float, int] | None:
         """How much slower (> 1) the machine ran during `segment` than over all samples pooled:
@@ -213,7 +256,7 @@ class InSituSampler:
             self._run(self.jobs[self.done % len(self.jobs)])
             if self.done % len(self.jobs) == 0:
                 self.rounds += 1
-                self.overhead += measure_overhead(self.engine, self.tokenizer)
+                self.overhead += measure_overhead(self.engine, self.overhead_ids)
 
     def run_round(self, progress: bool = True) -> None:
         """Finish the current round (all of the grid when none is under way)."""
@@ -236,7 +279,7 @@ class InSituSampler:
             add("draft_step", stats_of(ts), width=W, context_len=c)
         add("policy", time_op(policy_op(device=dev), dev, warmup=5, repeats=50))
         if not self.overhead:
-            self.overhead = measure_overhead(self.engine, self.tokenizer)
+            self.overhead = measure_overhead(self.engine, self.overhead_ids)
         add("overhead", stats_of(self.overhead), width=10, verify_size=60)
         path = write_profile(rows, out, self.model, profile_id)
         return {"profile_id": profile_id, "device": rows[0]["device"], "dtype": rows[0]["dtype"], "rows": len(rows),
@@ -309,5 +352,6 @@ def run_profile_command(cfg: ProfileConfig) -> int:
                     contexts=cfg.contexts, repeats=cfg.repeats, device=cfg.device, dtype=cfg.dtype,
                     isolated=cfg.isolated, cycle_tokens=cfg.cycle_tokens, progress=cfg.progress,
                     batch_sizes=cfg.batch_sizes, prefill_lengths=cfg.prefill_lengths)
-    print(json.dumps(r) if cfg.as_json else f"profiled {r['rows']} ops on {r['device']} -> {r['path']}")
+    print(json.dumps(r) if cfg.as_json else f"profiled {r['rows']} ops on {r['device']} -> {r['path']}"
+          + (f" ({r['remeasured']} suspect cells re-measured)" if r["remeasured"] else ""))
     return 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,10 @@ def load_inputs(cfg, split: str | None = None):
     """(logs of the split, every width, the latency model of the logs' dtype) for a tune / serve-eval config."""
     logs = load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset,
                      split=split or cfg.split, widths="all", dtype=cfg.dtype)
-    lat = LatencyModel.from_logs(cfg.latency or cfg.logs, model=logs.model, profile=cfg.profile, dtype=logs.dtype)
+    lat = LatencyModel.from_logs(cfg.latency or cfg.logs, model=logs.model, profile=cfg.profile, dtype=logs.dtype,
+                                 trust=True)
+    if lat.meta.get("trust_note"):             # stderr: a --json stdout stays one object
+        print("note: " + lat.meta["trust_note"], file=sys.stderr)
     return logs, lat
 
 

@@ -1,0 +1,93 @@
+"""Which cells of a latency profile not to trust: wild spreads and broken physics (issue P, item 6).
+
+A cell is one LATENCY row: an op (`verify`, `draft_step`) at one (W or V, context c, batch B), with
+the statistics of its timing samples. Two signs that a cell measured something else than the engine
+(a second job on the cores, a GPU shared with another process, a clock step):
+
+    wild     p90 / p10 > SPREAD_MAX. Clean profiles stay well under it: the demo's profiles on the
+             2-core EPYC (fp32, 2026-11-26) spread 1.02-1.25 (verify) and 1.37-1.94 (draft_step);
+             the cell that misled `tune` (a second job sharing the cores) spread 17x
+             (p10 90 ms, median 1,531 ms).
+    physics  a verify of more tokens, or a step over more rows, costs more: a cell whose median
+             exceeds the median of a cell with a larger V (same B, c) or a larger B (same op, W or V,
+             c) by more than SLACK is suspect. The slower cell is blamed: interference only ever
+             slows a measurement down, so of two cells in the wrong order the dearer one is wrong.
+
+`draftgym profile` re-measures a suspect cell once (pipeline/profiling/profile.py, batched.py);
+`tune`, `serve-eval` and `train-load` leave any that stayed suspect out of the latency model and name
+them in one line (simulator/latency_model.py, `trust=True`), unless they are every cell of their op
+at that B (`trusted_out`: then nothing would be left to interpolate from, and they stay). Policy, overhead and prefill rows are not
+judged: no shape decision rests on their spread, and their sizes are not ordered.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SPREAD_MAX = 2.5    # p90 / p10 above this: a wild cell
+SLACK = 0.25        # a cell dearer than a larger one's median by more than this share breaks the physics
+JUDGED = ("verify", "draft_step")
+
+
+@dataclass(frozen=True)
+class Suspect:
+    op: str
+    size: int          # V of a verify, W of a draft_step
+    context: int
+    batch: int
+    why: str
+
+    def label(self) -> str:
+        s = "V" if self.op == "verify" else "W"
+        return f"{self.op} {s}={self.size} c={self.context} B={self.batch} ({self.why})"
+
+
+def _key(r: dict) -> tuple[str, int, int, int]:
+    size = int(r.get("verify_size") or 0) if r["op"] == "verify" else int(r.get("width") or 0)
+    return r["op"], size, int(r.get("context_len") or 0), max(1, int(r.get("batch") or 1))
+
+
+def suspect_cells(rows: list[dict], spread_max: float = SPREAD_MAX, slack: float = SLACK) -> list[Suspect]:
+    """The suspect cells among LATENCY rows of one profile (module docstring), one Suspect per cell
+    (its first reason), in row order."""
+    cells = {_key(r): r for r in rows if r["op"] in JUDGED}
+    out: dict[tuple, str] = {}
+    for k, r in cells.items():
+        p10, p90 = float(r["p10"]), float(r["p90"])
+        if p10 > 0 and p90 / p10 > spread_max:
+            out.setdefault(k, f"p90/p10 {p90 / p10:.1f}")
+    for (op, size, c, B), r in cells.items():
+        med = float(r["median"])
+        for (op2, size2, c2, B2), r2 in cells.items():
+            if op2 != op or c2 != c or (op, size, c, B) in out:
+                continue
+            larger = (op == "verify" and B2 == B and size2 > size) or (size2 == size and B2 > B)
+            if larger and med > (1 + slack) * float(r2["median"]):
+                what = f"V={size2}" if B2 == B else f"B={B2}"
+                out[(op, size, c, B)] = f"median {1e3 * med:.1f} ms above {what}'s {1e3 * float(r2['median']):.1f} ms"
+    return [Suspect(*k, out[k]) for k in cells if k in out]
+
+
+def trusted_out(rows: list[dict]) -> list[Suspect]:
+    """The suspect cells a latency model leaves out: all of them, except where they are every cell of
+    their (op, B) (a profile taken entirely under interference, or a model too small to have
+    physics: leaving them all out would leave nothing to interpolate from, so they stay)."""
+    sus = suspect_cells(rows)
+    cells: dict[tuple, int] = {}
+    for r in rows:
+        if r["op"] in JUDGED:
+            k = _key(r)
+            cells[(k[0], k[3])] = cells.get((k[0], k[3]), 0) + 1
+    per = {}
+    for x in sus:
+        per[(x.op, x.batch)] = per.get((x.op, x.batch), 0) + 1
+    return [x for x in sus if per[(x.op, x.batch)] < cells[(x.op, x.batch)]]
+
+
+def is_suspect(row: dict, suspects: list[Suspect]) -> bool:
+    return row["op"] in JUDGED and _key(row) in {(s.op, s.size, s.context, s.batch) for s in suspects}
+
+
+def suspects_line(profile: str, suspects: list[Suspect], action: str = "left out") -> str:
+    """One line naming the suspect cells of a profile."""
+    return (f"latency profile {profile}: {action} {len(suspects)} suspect cell{'s' * (len(suspects) != 1)} "
+            f"(wild spread or out of order; re-profile on a quiet device): " + "; ".join(s.label() for s in suspects))
