@@ -40,7 +40,7 @@ from simulator.serving.shapes import canonical, label
 
 class ShapeIndex:
     """The table a chooser sees on the device: its shapes, by index (ShapeTable's `index`, `shapes`,
-    `depth`, `width`, `verify`; no `logs`: nothing here reads acceptance)."""
+    `depth`, `width`, `verify`, `step_time`; no `logs`: nothing here reads acceptance)."""
 
     def __init__(self, shapes):
         self.shapes = [canonical(s) for s in shapes]
@@ -57,16 +57,26 @@ class ShapeIndex:
             raise DraftGymError(f"shape {label(s)} is not among the chooser's shapes")
         return self._index[s]
 
+    def step_time(self, latency, a, batch: int, context_len) -> np.ndarray:
+        """Seconds of one step of shape(s) a over `batch` rows at context c, LatencyModel.t_step's
+        numbers (ShapeTable.step_time tabulates the same): what a chooser that prices its
+        candidates (SGLang's throughput-aware rule) reads."""
+        a = np.asarray(a, np.int64)
+        return latency.t_step(self.depth[a], self.width[a], self.verify[a], np.asarray(context_len, np.float64),
+                              batch=batch)
+
 
 class ChooserController(BatchController):
     """A Chooser as a BatchController (module docstring)."""
 
-    def __init__(self, chooser: Chooser, max_new_tokens: list[int]):
+    def __init__(self, chooser: Chooser, max_new_tokens: list[int], latency=None):
+        """latency: the LatencyModel a chooser prices its candidates with (SGLang's throughput-aware
+        rule; the same one its replay gets), None for the choosers that need none."""
         if isinstance(chooser, GreedyOracle) or not chooser.shapes():
             raise DraftGymError(f"{chooser.name} reads the logs' acceptance; it replays only (draftgym serve-eval)")
         if isinstance(chooser, LearnedChooser):
             chooser.check_device()               # confidence depth > 1: one line
-        self.chooser, self.max_new = chooser, list(max_new_tokens)
+        self.chooser, self.max_new, self.latency = chooser, list(max_new_tokens), latency
         self.table = ShapeIndex(chooser.shapes())
         super().__init__(StepShape(*self.table.shapes[0]))
 
@@ -77,7 +87,7 @@ class ChooserController(BatchController):
         return bool(getattr(self.chooser, "needs_confidence", False))
 
     def reset(self) -> None:
-        self.chooser.reset(self.table, None)
+        self.chooser.reset(self.table, self.latency)
         self.view, self.a = None, None
 
     def plan(self, ctx: BatchStepContext) -> StepShape:

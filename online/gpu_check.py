@@ -123,7 +123,7 @@ def dry_run_sizes(cfg: CheckConfig) -> CheckConfig:
                    prompts=2, prompt_lens=(8, 16), new_tokens=8, lossless_batch_sizes=(1, 3), lossless_batch_tokens=6,
                    contexts=(8,), verify_sizes=(1, 4), widths=(2,),
                    repeats=2, cycle_tokens=6, batch_sizes=(1, 2), batch_steps=2, collect_prompts=2, collect_tokens=4, profile_widths=(1, 2),
-                   profile_verify_sizes=(1, 2, 4), profile_contexts=(8,), profile_batch_sizes=(1, 2),
+                   profile_verify_sizes=(1, 4), profile_contexts=(8,), profile_batch_sizes=(1, 2),
                    profile_prefill_lengths=(8,), profile_repeats=2, validate_sets=1, validate_prompts=1,
                    validate_new_tokens=4)
 

@@ -16,6 +16,9 @@ chooser (online/chooser_adapter.py):
     schedule               the --schedule (a per-B schedule written by `draftgym tune`)
     vLLM EAGLE-3 example   vLLM's documented schedule (chains: 1-16 -> 5, ..., 129-512 -> 0)
     SGLang adaptive        SGLang's EMA rule on its stored tiers (simulator/serving/sglang_adaptive.py)
+    SGLang throughput-aware  SGLang's throughput-aware rule (simulator/serving/sglang_throughput.py): with
+                           --logs only, as it prices each candidate chain with the latency profile (the
+                           replay's, handed to the same chooser on the device)
     learned <ckpt> (...)   each --policy: a load-aware serving policy (`draftgym train-load`), deciding
                            every `hold` steps from the load-aware observation; on the device its draft
                            confidence is the engine's measured depth-1 log-prob, in the replay the
@@ -53,6 +56,7 @@ from simulator.serving.load import ServingResult, serve
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
 from simulator.serving.sglang_adaptive import SGLangAdaptive
+from simulator.serving.sglang_throughput import SGLangThroughput
 
 FIGURES = ("tokens_per_s", "x_ar", "tpot_mean_s", "tpot_p90_s", "queue_mean_s", "tau", "drafts_per_step", "mean_batch")
 
@@ -136,13 +140,14 @@ def device_result(res, name: str) -> ServingResult:
         step_drafted=a(lambda s: s.batch_size * (s.verify_size - 1), np.int64), step_queued=a(lambda s: s.queued, np.int64))
 
 
-def run_device(engine, chooser, prompts, max_new, arrivals, max_batch, seeds, T):
-    """One served trace on the device: (ServingResult, extra figures)."""
+def run_device(engine, chooser, prompts, max_new, arrivals, max_batch, seeds, T, latency=None):
+    """One served trace on the device: (ServingResult, extra figures). latency: what a chooser that
+    prices its candidates reads (the replay's profile)."""
     if chooser.shapes() == [S.OFF]:
         res = engine.generate_ar(prompts, max_new, T, seeds, batch_size=max_batch, arrivals=arrivals)
     else:
         res = engine.generate(prompts, max_new, T, seeds, batch_size=max_batch, arrivals=arrivals,
-                              controller=ChooserController(chooser, max_new))
+                              controller=ChooserController(chooser, max_new, latency))
     wall = res.wall_s                          # the call's wall, idle waits skipped
     extra = {"wall_tokens_per_s": res.new_tokens / wall if wall > 0 else 0.0,
              "prefill_share": res.prefill_s / wall if wall > 0 else 0.0, "idle_skipped_s": res.idle_s}
@@ -238,18 +243,21 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
         missing = sorted({recs[i].prompt_id for i, s in zip(idx, seq) if s < 0})
         logs, note = None, f"{len(missing)} prompts have no logged sequence (e.g. {missing[0]}): no replay"
         idx, max_new, seq = request_plan(cfg, recs, None, len(arrivals))
+    if lat is not None:                          # SGLang's throughput-aware rule: after its EMA rule
+        methods.insert(next(i for i, m in enumerate(methods) if isinstance(m, SGLangAdaptive)) + 1, SGLangThroughput())
     tok = [encode_prompt(target.tokenizer, list(r.messages)) for r in recs]
     prompts = [tok[i] for i in idx]
     refs = reference_outputs(engine, prompts, max_new) if cfg.temperature <= 0 else None
     for m in methods:                                                   # warm-up, untimed
-        run_device(engine, m, prompts[:2], [4, 4], [0.0, 0.0], 2, 0, cfg.temperature)
+        run_device(engine, m, prompts[:2], [4, 4], [0.0, 0.0], 2, 0, cfg.temperature, lat)
     device = {m.name: [] for m in methods}
     verdicts = {m.name: [] for m in methods}
     bar = tqdm(total=cfg.runs * len(methods), desc="validate --load-trace", unit="trace", disable=not progress)
     for r in range(cfg.runs):
         seeds = [cfg.seed + 1000 * r + k for k in range(len(prompts))]
         for m in methods:
-            served, extra, res = run_device(engine, m, prompts, max_new, arrivals, cfg.max_batch, seeds, cfg.temperature)
+            served, extra, res = run_device(engine, m, prompts, max_new, arrivals, cfg.max_batch, seeds, cfg.temperature,
+                                            lat)
             device[m.name].append({**M.summarize(served), **extra})
             if refs is not None:
                 verdicts[m.name] += [classify(engine.model, p, ref, row.output_ids)

@@ -219,7 +219,7 @@ def test_validate_load_trace_end_to_end(tmp_path, tiny_model_dir, batch_logs, ca
     rep = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in rep["rows"]]
     assert names == ["AR", "static tree:3,10,10", "static chain:2", "schedule (per B)", "vLLM EAGLE-3 example",
-                     "SGLang adaptive"]
+                     "SGLang adaptive", "SGLang throughput-aware"]          # the last: priced by --logs' profile
     assert rep["trace"]["requests"] == 7 and rep["replay_note"] is None
     for r in rep["rows"]:
         assert r["lossless"] == {"exact": 7, "near-tie": 0, "mismatch": 0}, r["name"]

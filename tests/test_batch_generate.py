@@ -86,6 +86,28 @@ def test_continuation_cache_hit_does_no_forward(tmp_path):
     h.remove()
 
 
+def test_on_result_and_stop_refill(tmp_path):
+    """on_result(i, cont) as each prompt ends (cache hits first, at once); stop_refill() -> True starts
+    no further prompt: those in flight finish, the rest come back None. The engine's stores are not
+    held after the call."""
+    from pipeline.decode.batch_generate import ar_engine
+
+    eng, prompts = _setup()
+    cache = ContinuationCache("tiny", "float32", root=tmp_path)
+    full = generate_batch(eng.model, prompts[:2], 10, 0.0, 0, eng.eos, run_past_eos=True, cache=cache)
+    seen = []
+    stop = lambda: len(seen) >= 3
+    got = generate_batch(eng.model, prompts, 10, 0.0, 0, eng.eos, run_past_eos=True, batch_size=2, cache=cache,
+                         on_result=lambda i, c: seen.append((i, c)), stop_refill=stop)
+    assert seen[:2] == [(0, full[0]), (1, full[1])]                    # the hits
+    assert [i for i, _ in seen] == [0, 1, 2, 3] and all(got[i] == c for i, c in seen)   # 2 and 3 in flight
+    assert got[4:] == [None] * 3
+    eos, eng.eos = eng.eos, set()
+    assert [got[i].output_ids for i in (2, 3)] == [eng.generate_ar(p, 10).output_ids for p in prompts[2:4]]
+    eng.eos = eos
+    assert ar_engine(eng.model)._static == {}
+
+
 def test_bad_input_is_one_line_error():
     eng, prompts = _setup()
     with pytest.raises(DraftGymError, match="empty prompt"):

@@ -84,3 +84,22 @@ def test_it_runs_in_the_load_replay(logs, lat):
     used = {table.shapes[a] for a in res.step_shape}
     assert used <= set(ch.shapes()) and len(used) > 1                 # it moved
     assert res.tokens.sum() == (logs.new_tokens - 1)[res.seq].sum()
+
+
+def test_on_the_device_it_prices_with_the_same_profile(logs, lat):
+    """The device's table (online/chooser_adapter.ShapeIndex) prices a chain as the replay's ShapeTable
+    does, so the rule's cost table is the same on both sides; without a profile it refuses in one line."""
+    from online.chooser_adapter import ChooserController, ShapeIndex
+
+    ch = SGLangThroughput()
+    dev, rep = ShapeIndex(ch.shapes()), ShapeTable(logs, ch.shapes())
+    for k in (1, 3, 7):
+        for b in (1, 3, 8):
+            a = [dev.index(S.chain(k))]
+            assert float(dev.step_time(lat, a, b, [2048.0])[0]) == pytest.approx(
+                float(rep.step_time(lat, [rep.index(S.chain(k))], b, [2048.0])[0]), rel=1e-9)
+    with pytest.raises(DraftGymError, match="latency profile; none was given"):
+        ChooserController(SGLangThroughput(), [10]).reset()
+    ctl = ChooserController(SGLangThroughput(), [10], lat)
+    ctl.reset()
+    assert ctl.chooser.cost_ms(3, 5) == pytest.approx(1e3 * float(rep.step_time(lat, [rep.index(S.chain(5))], 4, [2048.0])[0]))

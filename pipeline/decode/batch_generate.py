@@ -4,8 +4,8 @@ self-distillation), with per-row seeds, per-row EOS, a refill queue and an on-di
 `generate_batch` runs on the one engine (pipeline/decode/batch_engine.py, `BatchEngine.generate_ar`):
 the slot stores, the first rows prefilled several per forward, continuous batching (a finished row's
 slot takes the next prompt at once), and on a GPU the AR step as a CUDA graph, so `draftgym collect`
-gets the speed of online decoding (issue N, item 5). One engine per target is kept (`ar_engine`), its
-static stores and graphs reused call after call.
+gets the speed of online decoding (issue N, item 5). One engine per target is kept (`ar_engine`); its
+stores and graphs are released at the end of each call (collection needs the memory in between).
 
 Exactness: row r's token sequence is what batch-1 `Engine.generate_ar` gives with the same seed,
 up to fp rounding of the batched decode matmuls (masked keys add exact zeros to the softmax; the
@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import re
-import weakref
 from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
@@ -39,16 +38,15 @@ class Continuation:
     stop_reason: str               # 'eos' | 'max_new_tokens'
 
 
-_ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def ar_engine(model):
-    """The batched engine generate_batch runs on for this target (one per target, kept while it lives)."""
+    """The batched engine generate_batch runs on for this target: one per target, kept on the module
+    itself (so it goes when the target goes)."""
     from pipeline.decode.batch_engine import BatchEngine
 
-    eng = _ENGINES.get(model)
+    eng = getattr(model, "_draftgym_ar_engine", None)
     if eng is None:
-        eng = _ENGINES[model] = BatchEngine(model, None)
+        eng = BatchEngine(model, None)
+        object.__setattr__(model, "_draftgym_ar_engine", eng)
     return eng
 
 
@@ -89,10 +87,15 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, tempera
         queue.append(i)
     if not queue:
         return results
-    ar_engine(model).generate_ar(
-        [prompts[i] for i in queue], max_new_tokens, temperature, [seeds[i] for i in queue], batch_size,
-        eos_token_ids=set() if run_past_eos else set(eos_token_ids), stop_refill=stop_refill,
-        on_result=lambda j, row: finish(queue[j], Continuation(list(row.output_ids), row.stop_reason)))
+    eng = ar_engine(model)
+    try:
+        eng.generate_ar([prompts[i] for i in queue], max_new_tokens, temperature, [seeds[i] for i in queue],
+                        batch_size, eos_token_ids=set() if run_past_eos else set(eos_token_ids), stop_refill=stop_refill,
+                        on_result=lambda j, row: finish(queue[j], Continuation(list(row.output_ids), row.stop_reason)))
+    finally:
+        # the stores (B x the longest sequence of KV: tens of GB for an 8B target at B = 64) are not held
+        # between calls, as collection teacher-forces and expands in between; a call's graphs go with them
+        eng.release()
     return results
 
 
