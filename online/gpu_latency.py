@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -202,7 +203,7 @@ def collection_rate(model, head, cfg, prompt, ar_step_ms: float | None) -> dict:
     eng, clock = Engine(model, head), DeviceClock(next(model.parameters()).device)
     ccfg = CollectConfig(model=cfg.target, dtype=cfg.dtype, max_new_tokens=cfg.collect_tokens, widths=(max(cfg.widths),))
     ps = [prompt(cfg.contexts[0]) for _ in range(cfg.collect_prompts)]
-    collect_prompts(eng, head, ps[:2], CollectConfig(**{**ccfg.__dict__, "max_new_tokens": 4}))   # warm-up
+    collect_prompts(eng, head, ps[:2], replace(ccfg, max_new_tokens=4))                            # warm-up
     t0 = clock()
     conts = generate_continuations(eng, ps, ccfg, ccfg.max_depth, batch_size=len(ps))
     t1 = clock()

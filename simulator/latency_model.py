@@ -70,7 +70,7 @@ import numpy as np
 
 from pipeline.errors import DataError
 from pipeline.logs.schema import read_table, table_files
-from pipeline.profiling.trust import is_suspect, suspects_line, trusted_out
+from pipeline.profiling.trust import drop_suspects, suspects_line, trusted_out
 from simulator import latency_diagnostics
 from simulator.latency_batch import BATCH_INTERP, interp_batch
 from simulator.latency_surface import Z90, Surface, surface_of, two_piece
@@ -322,8 +322,7 @@ class LatencyModel:
         wide = [r for r in wide if r["profile_id"] == profile]
         suspects = trusted_out(rows + wide) if trust else []
         if suspects:
-            rows = [r for r in rows if not is_suspect(r, suspects)]
-            wide = [r for r in wide if not is_suspect(r, suspects)]
+            rows, wide = drop_suspects(rows, suspects), drop_suspects(wide, suspects)
         by = {op: [r for r in rows if r["op"] == op] for op in OPS}
         for op in ("draft_step", "verify"):
             if not by[op]:

@@ -67,9 +67,9 @@ class RowAdmission:
 
         t0 = self.clock()
         rows.req[s] = -1
-        while run.ready(self._now(run)):
+        while run.ready(now := self._now(run)):               # one clock read (a device sync on a GPU)
             i = run.queue.pop()
-            run.res.rows[i].join_s = self._now(run)
+            run.res.rows[i].join_s = now
             p, dev = run.prompts[i], self.device
             cache = DynamicCache(config=self.model.config)
             n = len(p)

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from pipeline.decode.controller import ScriptedBatchController, StepShape
 from pipeline.profiling.timed_ops import depth_for, policy_op, stats_of, time_op, verify_width
-from pipeline.profiling.trust import suspect_cells
+from pipeline.profiling.trust import cell_key, suspect_cells
 
 TOKENS_PER_STEP = 8          # max_new_tokens per step and row: above any tau seen, so no row ends early
 
@@ -85,10 +85,10 @@ def rows_of(samples: dict[tuple, list[float]]) -> list[tuple]:
 
 def suspect_keys(samples: dict[tuple, list[float]]) -> list[tuple]:
     """The keys (op, W, V, c, B) of cells pipeline/profiling/trust.py finds suspect among `samples`."""
-    rows = [{"op": op, "width": W, "verify_size": V, "context_len": c, "batch": B, **stats_of(ts)}
-            for (op, W, V, c, B), ts in samples.items()]
-    sus = {(x.op, x.size, x.context, x.batch) for x in suspect_cells(rows)}
-    return [k for k in samples if (k[0], k[2] if k[0] == "verify" else k[1], k[3], k[4]) in sus]
+    rows = {(op, W, V, c, B): {"op": op, "width": W, "verify_size": V, "context_len": c, "batch": B, **stats_of(ts)}
+            for (op, W, V, c, B), ts in samples.items()}
+    sus = {(x.op, x.size, x.context, x.batch) for x in suspect_cells(list(rows.values()))}
+    return [k for k, r in rows.items() if cell_key(r) in sus]
 
 
 def batched_rows(engine, batch: int, widths, verify_sizes, contexts, prompt: Callable[[int, int], list[int]],

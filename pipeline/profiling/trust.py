@@ -21,6 +21,7 @@ judged: no shape decision rests on their spread, and their sizes are not ordered
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 SPREAD_MAX = 2.5    # p90 / p10 above this: a wild cell
@@ -41,7 +42,8 @@ class Suspect:
         return f"{self.op} {s}={self.size} c={self.context} B={self.batch} ({self.why})"
 
 
-def _key(r: dict) -> tuple[str, int, int, int]:
+def cell_key(r: dict) -> tuple[str, int, int, int]:
+    """A LATENCY row's cell: (op, V of a verify or W of a draft_step, context, B)."""
     size = int(r.get("verify_size") or 0) if r["op"] == "verify" else int(r.get("width") or 0)
     return r["op"], size, int(r.get("context_len") or 0), max(1, int(r.get("batch") or 1))
 
@@ -49,21 +51,23 @@ def _key(r: dict) -> tuple[str, int, int, int]:
 def suspect_cells(rows: list[dict], spread_max: float = SPREAD_MAX, slack: float = SLACK) -> list[Suspect]:
     """The suspect cells among LATENCY rows of one profile (module docstring), one Suspect per cell
     (its first reason), in row order."""
-    cells = {_key(r): r for r in rows if r["op"] in JUDGED}
+    cells = {cell_key(r): r for r in rows if r["op"] in JUDGED}
     out: dict[tuple, str] = {}
     for k, r in cells.items():
         p10, p90 = float(r["p10"]), float(r["p90"])
         if p10 > 0 and p90 / p10 > spread_max:
             out.setdefault(k, f"p90/p10 {p90 / p10:.1f}")
-    for (op, size, c, B), r in cells.items():
+    for k, r in cells.items():
+        if k in out:
+            continue
+        op, size, c, B = k
         med = float(r["median"])
         for (op2, size2, c2, B2), r2 in cells.items():
-            if op2 != op or c2 != c or (op, size, c, B) in out:
-                continue
-            larger = (op == "verify" and B2 == B and size2 > size) or (size2 == size and B2 > B)
+            larger = op2 == op and c2 == c and ((op == "verify" and B2 == B and size2 > size) or (size2 == size and B2 > B))
             if larger and med > (1 + slack) * float(r2["median"]):
                 what = f"V={size2}" if B2 == B else f"B={B2}"
-                out[(op, size, c, B)] = f"median {1e3 * med:.1f} ms above {what}'s {1e3 * float(r2['median']):.1f} ms"
+                out[k] = f"median {1e3 * med:.1f} ms above {what}'s {1e3 * float(r2['median']):.1f} ms"
+                break
     return [Suspect(*k, out[k]) for k in cells if k in out]
 
 
@@ -72,19 +76,15 @@ def trusted_out(rows: list[dict]) -> list[Suspect]:
     their (op, B) (a profile taken entirely under interference, or a model too small to have
     physics: leaving them all out would leave nothing to interpolate from, so they stay)."""
     sus = suspect_cells(rows)
-    cells: dict[tuple, int] = {}
-    for r in rows:
-        if r["op"] in JUDGED:
-            k = _key(r)
-            cells[(k[0], k[3])] = cells.get((k[0], k[3]), 0) + 1
-    per = {}
-    for x in sus:
-        per[(x.op, x.batch)] = per.get((x.op, x.batch), 0) + 1
+    cells = Counter((k[0], k[3]) for k in (cell_key(r) for r in rows if r["op"] in JUDGED))
+    per = Counter((x.op, x.batch) for x in sus)
     return [x for x in sus if per[(x.op, x.batch)] < cells[(x.op, x.batch)]]
 
 
-def is_suspect(row: dict, suspects: list[Suspect]) -> bool:
-    return row["op"] in JUDGED and _key(row) in {(s.op, s.size, s.context, s.batch) for s in suspects}
+def drop_suspects(rows: list[dict], suspects: list[Suspect]) -> list[dict]:
+    """`rows` without the cells of `suspects`."""
+    bad = {(x.op, x.size, x.context, x.batch) for x in suspects}
+    return [r for r in rows if r["op"] not in JUDGED or cell_key(r) not in bad]
 
 
 def suspects_line(profile: str, suspects: list[Suspect], action: str = "left out") -> str:
