@@ -1,5 +1,5 @@
 """`draftgym` subcommands that live in pipeline/: generate, datasets, train-draft, head-report, collect,
-profile, query.
+profile, query, compact-logs.
 
 The one home of these commands' flags. Each command is a documented Config dataclass plus a
 `run_<command>_command(cfg)` in its library module; here each subparser declares the flags (dest =
@@ -16,7 +16,8 @@ from pipeline.cliargs import (DTYPES, add_device_dtype, add_json, add_model_head
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    for add in (add_generate, add_datasets, add_train_draft, add_head_report, add_collect, add_profile, add_query):
+    for add in (add_generate, add_datasets, add_train_draft, add_head_report, add_collect, add_profile, add_query,
+                add_compact_logs):
         add(sub)
 
 
@@ -288,3 +289,19 @@ def _query_config(args):
     from pipeline.logs.query import QueryConfig
 
     return config_from_args(QueryConfig, args)
+
+
+def add_compact_logs(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compact-logs", help="rewrite version-2 positions shards in the compact version-3 layout "
+                                            "(in place, resumable)")
+    p.add_argument("--logs", default="data/logs", help="logs directory or file:// URI (default data/logs)")
+    p.add_argument("--dry-run", action="store_true", help="count the shards that would be converted; write nothing")
+    add_no_progress(p)
+    add_json(p)
+    set_command(p, _compact_logs_config, "pipeline.logs.compact:run_compact_logs_command")
+
+
+def _compact_logs_config(args):
+    from pipeline.logs.compact import CompactLogsConfig
+
+    return config_from_args(CompactLogsConfig, args)

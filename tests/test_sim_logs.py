@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.errors import DataError
+from pipeline.logs.candidates import SCORE_FLOOR
 from pipeline.logs.schema import LATENCY, SEQUENCES, check_file, positions_schema, table_files
 from simulator.logs.load import load_logs
 from simulator.logs.synthetic import write_positions
@@ -28,7 +29,7 @@ def test_hand_logs_indexing(hand_root):
         assert logs.row(s, 3) == rows.start + 3
     assert logs.acceptance.shape == (logs.n_positions, HAND_DMAX, len(HAND_GRID))
     assert logs.candidate_scores.shape == (logs.n_positions, HAND_DMAX, HAND_W * HAND_W)
-    assert np.isnan(logs.candidate_scores[:, 0, HAND_W:]).all()
+    assert (logs.candidate_scores[:, 0, HAND_W:] == SCORE_FLOOR).all()      # level 1 has W candidates
 
 
 def test_split_and_dataset_filter(hand_root):

@@ -22,7 +22,7 @@ import pyarrow as pa
 from pipeline.decode.batch_prefill import length_groups
 from pipeline.collect.prompt import CollectConfig, collect_prompt, collect_prompts, generate_continuations
 from pipeline.errors import DraftGymError, first_line
-from pipeline.logs.schema import FAILURES, SCHEMA_VERSION, SEQUENCES, partition_parts, positions_schema, write_atomic
+from pipeline.logs.schema import FAILURES, SCHEMA_VERSION, SEQUENCES, partition_parts, positions_table, write_atomic
 from pipeline.logs.storage import LogStore
 
 FAIL_AFTER_ENV = "DRAFTGYM_FAIL_AFTER"    # tests: the actor dies (outside the per-prompt try) after N prompts
@@ -212,23 +212,14 @@ def write_prompt_log(store: LogStore, cfg: CollectConfig, head_id: str, env_json
     earlier attempt. Returns the number of positions rows written."""
     key, fs = cfg.run_key(), store.fs
     paths = shard_paths(store, cfg, ds, pid)
-    n_grid, total = len(cfg.verify_grid), 0
+    total = 0
     for W, cols in log.positions.items():
-        n = len(cols["position"])
-        total += n
-        with_dist = "accept_dist" in cols
-        schema = positions_schema(cfg.max_depth, W, n_grid, with_dist=with_dist)
-        arrays = [pa.array(np.full(n, SCHEMA_VERSION, np.int16)), pa.array([key] * n), pa.array([pid] * n),
-                  pa.array(cols["position"].astype(np.int32)), pa.array(cols["context_len"].astype(np.int32)),
-                  pa.array(cols["width"].astype(np.int16)), pa.array(cols["root_token"].astype(np.int32))]
-        for name in ("acceptance", "beam_scores", "candidate_scores", "entropy"):
-            typ = schema.field(name).type
-            flat = cols[name].reshape(-1).astype(typ.value_type.to_pandas_dtype())
-            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), typ.list_size))
-        if with_dist:  # null where the position was subsampled out (--dist-every)
-            arrays.append(pa.array([None if d is None else d.tolist() for d in cols["accept_dist"]],
-                                   type=schema.field("accept_dist").type))
-        write_atomic(pa.Table.from_arrays(arrays, schema=schema), paths["positions"][W], "positions", filesystem=fs)
+        total += len(cols["position"])
+        table = positions_table(key, pid, cols["position"], cols["context_len"], W, cols["root_token"],
+                                cols["acceptance"], cols["beam_scores"], cols["candidate_scores"], cols["entropy"],
+                                cols.get("accept_dist"), max_depth=cfg.max_depth,
+                                n_grid=len(cfg.verify_grid))
+        write_atomic(table, paths["positions"][W], "positions", filesystem=fs)
     row = {"schema_version": SCHEMA_VERSION, "run_key": key, "prompt_id": pid, "split": split,
            "model_id": cfg.model, "head_id": head_id, "dtype": cfg.dtype, "seed": cfg.seed, "prompt_tokens": ids,
            "output_tokens": log.output_tokens, "new_tokens": log.new_tokens, "stop_reason": log.stop_reason,

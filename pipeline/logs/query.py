@@ -106,7 +106,7 @@ def _duck_type(t: pa.DataType) -> str:
         return _duck_type(t.value_type) + "[]"   # Parquet has no fixed-size list: DuckDB reads a LIST
     simple = {pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
               pa.uint8(): "UTINYINT", pa.uint16(): "USMALLINT", pa.uint32(): "UINTEGER", pa.uint64(): "UBIGINT",
-              pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR", pa.large_string(): "VARCHAR",
+              pa.float16(): "FLOAT", pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR", pa.large_string(): "VARCHAR",
               pa.bool_(): "BOOLEAN"}
     if t in simple:
         return simple[t]

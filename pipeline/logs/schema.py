@@ -14,9 +14,11 @@ and in a `schema_version` column; readers refuse other versions with a one-line 
     acceptance  [max_depth * len(verify_grid)] uint8: L[D-1, i] = tokens accepted by the static
                 tree (D, W, verify_grid[i]) rooted at p, matched against the logged continuation
     beam_scores [max_depth * W] float32: per depth d, the W beam cumulative log-probs after forward d
-                (d = 1: the root's top-W children)
-    candidate_scores [max_depth * W * W] float32: per depth, the W*W candidate scores of that
-                expansion (d = 1: the W children, rest NaN)
+                (d = 1: the root's top-W children); they are the best W of that level's candidates
+    candidate_tail [max_depth * (W*W - W)] float16: per depth, the level's other W*W - W candidate
+                scores, best first, floored at -20 (pipeline/logs/candidates.py). Version 2 stored
+                candidate_scores [max_depth * W * W] float32 (unsorted, NaN where missing) instead;
+                both read (`READABLE_VERSIONS`), `draftgym logs compact` rewrites version 2 as 3.
     entropy     [max_depth * W] float32: per depth, the entropy (nats) of each expanded beam's child
                 distribution (d = 1: the root's, slot 0, rest NaN)
     accept_dist [max_depth * (max_depth + 1)] float32, T > 0 only: P(L = l) for the tree (D, W, V_dist)
@@ -35,13 +37,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.errors import DataError, first_line
+from pipeline.logs.candidates import candidate_tail
 from pipeline.runtime.atomic import atomic_write
 
-SCHEMA_VERSION = 2                 # 2: sequences.dtype (logs carry the dtype they were collected in)
+SCHEMA_VERSION = 3                 # 2: sequences.dtype (logs carry the dtype they were collected in)
+                                   # 3: positions.candidate_tail (compact candidates) replaces candidate_scores
+READABLE_VERSIONS = (2, 3)         # versions the readers take (the other tables did not change in 3)
 VERSION_KEY = b"draftgym.schema_version"
 TABLE_KEY = b"draftgym.table"
 
@@ -73,6 +79,7 @@ SEQUENCES = pa.schema([
 
 
 def positions_schema(max_depth: int, width: int, n_grid: int, with_dist: bool) -> pa.Schema:
+    """The positions schema of one width (version 3; the module doc)."""
     fields = [
         ("schema_version", pa.int16()),
         ("run_key", pa.string()),
@@ -83,12 +90,49 @@ def positions_schema(max_depth: int, width: int, n_grid: int, with_dist: bool) -
         ("root_token", pa.int32()),
         ("acceptance", pa.list_(pa.uint8(), max_depth * n_grid)),
         ("beam_scores", pa.list_(pa.float32(), max_depth * width)),
-        ("candidate_scores", pa.list_(pa.float32(), max_depth * width * width)),
+        ("candidate_tail", pa.list_(pa.float16(), max_depth * (width * width - width))),
         ("entropy", pa.list_(pa.float32(), max_depth * width)),
     ]
     if with_dist:
         fields.append(("accept_dist", pa.list_(pa.float32(), max_depth * (max_depth + 1))))
     return pa.schema(fields)
+
+
+def positions_table(run_key, prompt_id, position, context_len, width: int, root_token, acceptance, beam_scores,
+                    candidate_scores, entropy, accept_dist=None, max_depth: int | None = None,
+                    n_grid: int | None = None) -> pa.Table:
+    """One width's positions rows as a table of this version. One row per position: run_key and
+    prompt_id ([n] str, or one str for all), position, context_len, root_token [n]; acceptance
+    [n, Dmax, G]; beam_scores [n, Dmax, W]; candidate_scores [n, Dmax, W*W] (any order, NaN where
+    missing: stored as `candidate_tail`); entropy [n, Dmax, W]; accept_dist [n, Dmax, Dmax+1], or a
+    list of rows with None where not logged, or None. Arrays may come flattened per row (then pass
+    max_depth and n_grid)."""
+    acceptance = np.asarray(acceptance)
+    n = len(acceptance)
+    if acceptance.ndim != 3 and not (max_depth and n_grid):
+        raise ValueError("positions_table: pass max_depth and n_grid with flattened acceptance rows")
+    Dm, G = (max_depth, n_grid) if max_depth and n_grid else acceptance.shape[1:]
+    schema = positions_schema(Dm, width, G, with_dist=accept_dist is not None)
+    each = lambda x: [x] * n if isinstance(x, str) else [str(v) for v in x]
+    cand = np.asarray(candidate_scores, np.float32).reshape(n, Dm, width * width)
+    cols = {"acceptance": acceptance, "beam_scores": beam_scores, "candidate_tail": candidate_tail(cand, width),
+            "entropy": entropy}
+    arrays = [pa.array(np.full(n, SCHEMA_VERSION, np.int16)), pa.array(each(run_key), pa.string()),
+              pa.array(each(prompt_id), pa.string()), pa.array(np.asarray(position, np.int32)),
+              pa.array(np.asarray(context_len, np.int32)), pa.array(np.full(n, width, np.int16)),
+              pa.array(np.asarray(root_token, np.int32))]
+    if accept_dist is not None and isinstance(accept_dist, np.ndarray):
+        cols["accept_dist"] = accept_dist
+    for name, val in cols.items():
+        typ = schema.field(name).type
+        flat = np.asarray(val).reshape(-1).astype(typ.value_type.to_pandas_dtype())
+        if flat.size != n * typ.list_size:
+            raise ValueError(f"{name}: {flat.size} values for {n} rows of {typ.list_size}")
+        arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), typ.list_size))
+    if accept_dist is not None and not isinstance(accept_dist, np.ndarray):   # null: subsampled out (--dist-every)
+        arrays.append(pa.array([None if d is None else np.asarray(d).ravel().tolist() for d in accept_dist],
+                               type=schema.field("accept_dist").type))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 LATENCY = pa.schema([
@@ -258,9 +302,9 @@ def check_file(path: str | Path, table_name: str | None = None) -> pq.ParquetFil
     version = meta.get(VERSION_KEY)
     if version is None:
         raise DataError(f"{path} is not a DraftGym log (no {VERSION_KEY.decode()} metadata)")
-    if int(version) != SCHEMA_VERSION:
-        raise DataError(f"{path} has schema version {int(version)}, this DraftGym reads version {SCHEMA_VERSION} "
-                        f"(collect or profile it again)")
+    if int(version) not in READABLE_VERSIONS:
+        raise DataError(f"{path} has schema version {int(version)}, this DraftGym reads versions "
+                        f"{', '.join(map(str, READABLE_VERSIONS))} (collect or profile it again)")
     if table_name is not None and meta.get(TABLE_KEY, b"").decode() != table_name:
         raise DataError(f"{path} holds table {meta.get(TABLE_KEY, b'?').decode()!r}, expected {table_name!r}")
     return pf

@@ -9,7 +9,8 @@ widths W. Rows are positions, ordered by (sequence, position):
 Per row: context_len [N]; per width (`logs.w[W]`, a `WidthArrays`):
     acceptance       [N, Dmax, G] uint8    L for the static tree (D, W, verify_grid[g])
     beam_scores      [N, Dmax, W] float32
-    candidate_scores [N, Dmax, W*W] float32 (NaN where the schema says NaN)
+    candidate_scores [N, Dmax, W*W] float32, per level sorted best first, floored at -20 (the form the
+                     observations read; pipeline/logs/candidates.py)
     entropy          [N, Dmax, W] float32
     accept_dist      [N, Dmax, Dmax+1] float32 or None (T > 0 only)
 The primary width's arrays are also reachable as logs.acceptance, logs.beam_scores, ...
@@ -35,7 +36,7 @@ class WidthArrays:
     width: int
     acceptance: np.ndarray         # [N, Dmax, G] uint8
     beam_scores: np.ndarray        # [N, Dmax, W]
-    candidate_scores: np.ndarray   # [N, Dmax, W*W]
+    candidate_scores: np.ndarray   # [N, Dmax, W*W] per level: sorted best first, floored (candidates.py)
     entropy: np.ndarray            # [N, Dmax, W]
     accept_dist: np.ndarray | None = None   # [N, Dmax, Dmax+1] (NaN rows where not logged)
 
@@ -43,12 +44,11 @@ class WidthArrays:
         return WidthArrays(self.width, self.acceptance[rows], self.beam_scores[rows], self.candidate_scores[rows],
                            self.entropy[rows], None if self.accept_dist is None else self.accept_dist[rows])
 
-    @cached_property
+    @property
     def sorted_candidates(self) -> np.ndarray:
-        """[N, Dmax, W*W] per-level `observations.sort_desc` of candidate_scores (computed once)."""
-        from simulator.observations.paper import sort_levels
-
-        return sort_levels(self.candidate_scores, self.width)
+        """[N, Dmax, W*W] = `observations.sort_levels(candidate_scores)`: the logs hold them sorted already
+        (the order within a level is not kept: nothing reads it)."""
+        return self.candidate_scores
 
 
 @dataclass

@@ -5,8 +5,9 @@ Layout (pipeline/logs/schema.py): <logs>/{sequences,positions}/model=M/dataset=D
 checks that they share one collection config (max_depth, verify grid) and the wanted widths, and reads
 the positions rows of those sequences per width, as numpy arrays in file order:
 
-    acc  [n, Dmax, G] uint8     beam [n, Dmax, W] float32     cand [n, Dmax, W*W] float32
-    ent  [n, Dmax, W] float32   dist [n, Dmax, Dmax+1] float32 or None (not logged)
+    acc  [n, Dmax, G] uint8     beam [n, Dmax, W] float32     cand [n, Dmax, W*W] float32 (per level:
+    ent  [n, Dmax, W] float32   sorted best first, floored; from either schema version, candidates.py)
+    dist [n, Dmax, Dmax+1] float32 or None (not logged)
 
 simulator.logs.load orders them by (sequence, position), checks the coverage and builds ReplayLogs.
 Every file read goes through `pipeline.logs.schema.read_table` (checked): a corrupt, truncated or
@@ -23,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import DataError
+from pipeline.logs.candidates import levels_from_v2, sorted_levels
 from pipeline.logs.schema import read_table
 from pipeline.logs.storage import local_dir
 
@@ -216,8 +218,8 @@ def _pick_widths(seqs: pa.Table, width, widths) -> tuple[int, list[int]]:
     return width, want
 
 
-_POSITION_COLUMNS = {"run_key", "prompt_id", "position", "context_len", "width", "acceptance", "beam_scores",
-                     "candidate_scores", "entropy"}
+_POSITION_COLUMNS = {"run_key", "prompt_id", "position", "context_len", "width", "acceptance", "beam_scores", "entropy"}
+_CANDIDATES = ("candidate_tail", "candidate_scores")     # version 3, version 2 (pipeline/logs/candidates.py)
 
 
 def _read_positions(root: Path, parts: list[dict], want: list[int], key_to_seq: dict, Dm: int, G: int,
@@ -233,8 +235,9 @@ def _read_positions(root: Path, parts: list[dict], want: list[int], key_to_seq: 
             n_files += 1
             t = read_table(f, "positions")
             names = set(t.column_names)
-            if not _POSITION_COLUMNS <= names:
-                raise DataError(f"{f}: positions file lacks columns {sorted(_POSITION_COLUMNS - names)}")
+            if not _POSITION_COLUMNS <= names or not names & set(_CANDIDATES):
+                lack = sorted(_POSITION_COLUMNS - names) + ([] if names & set(_CANDIDATES) else ["candidate_tail"])
+                raise DataError(f"{f}: positions file lacks columns {lack}")
             wcol = np.asarray(t.column("width").to_numpy(), np.int64)
             for W in want:
                 m = wcol == W
@@ -271,7 +274,10 @@ def _add_width_rows(a: dict[str, list], tw: pa.Table, W: int, key_to_seq: dict, 
     try:
         acc = _fixed_list(tw.column("acceptance"), (Dm, G), np.uint8)
         beam = _fixed_list(tw.column("beam_scores"), (Dm, W), np.float32)
-        cand = _fixed_list(tw.column("candidate_scores"), (Dm, W * W), np.float32)
+        if "candidate_tail" in tw.column_names:
+            cand = sorted_levels(beam, _fixed_list(tw.column("candidate_tail"), (Dm, W * W - W), np.float16))
+        else:
+            cand = levels_from_v2(_fixed_list(tw.column("candidate_scores"), (Dm, W * W), np.float32))
         ent = _fixed_list(tw.column("entropy"), (Dm, W), np.float32)
         dist = _fixed_list(tw.column("accept_dist"), (Dm, Dm + 1), np.float32) if has_dist else None
     except ValueError as e:

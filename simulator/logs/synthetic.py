@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.logs.schema import (DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID, LATENCY, SCHEMA_VERSION, SEQUENCES,
-                             partition_dir, positions_schema, write_atomic)
+                             partition_dir, positions_table, write_atomic)
 
 DEFAULT_DATASETS = {"humaneval": 0.6, "gsm8k": 0.1, "mt-bench": -0.4}   # dataset -> mean easiness
 
@@ -93,26 +93,12 @@ def write_positions(root, model: str, dataset: str, temperature: float, width: i
     acceptance [n, Dmax, G], beam_scores [n, Dmax, W], candidate_scores [n, Dmax, W*W],
     entropy [n, Dmax, W], accept_dist [n, Dmax, Dmax+1] or None."""
     acceptance = np.asarray(acceptance)
-    n, Dm, G = acceptance.shape
-    schema = positions_schema(Dm, width, G, with_dist=accept_dist is not None)
-    rk = [run_key] * n if isinstance(run_key, str) else list(run_key)
-    arrays = [pa.array(np.full(n, SCHEMA_VERSION, np.int16)), pa.array(rk, pa.string()),
-              pa.array([str(x) for x in prompt_id], pa.string()),
-              pa.array(np.asarray(position, np.int32)), pa.array(np.asarray(context_len, np.int32)),
-              pa.array(np.full(n, width, np.int16)),
-              pa.array(np.zeros(n, np.int32) if root_token is None else np.asarray(root_token, np.int32))]
-    cols = {"acceptance": acceptance, "beam_scores": beam_scores, "candidate_scores": candidate_scores,
-            "entropy": entropy}
-    if accept_dist is not None:
-        cols["accept_dist"] = accept_dist
-    for col, val in cols.items():
-        typ = schema.field(col).type
-        flat = np.asarray(val).reshape(-1).astype(typ.value_type.to_pandas_dtype())
-        if flat.size != n * typ.list_size:
-            raise ValueError(f"{col}: {flat.size} values for {n} rows of {typ.list_size}")
-        arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), typ.list_size))
+    n = len(acceptance)
+    table = positions_table(run_key, prompt_id, position, context_len, width,
+                            np.zeros(n, np.int32) if root_token is None else root_token, acceptance, beam_scores,
+                            candidate_scores, entropy, accept_dist)
     path = partition_dir(root, "positions", model, dataset, temperature) / f"{name or 'pos'}-w{width}.parquet"
-    return write_atomic(pa.Table.from_arrays(arrays, schema=schema), path, "positions")
+    return write_atomic(table, path, "positions")
 
 
 def latency_rows(model: str, profile: str = "cpu", widths=(8, 10, 12, 16, 20, 32), verify_grid=DEFAULT_VERIFY_GRID,
