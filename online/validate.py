@@ -260,7 +260,7 @@ def simulator_side(cfg: ValidateConfig, logs, note, engine, tokenizer, dev: str,
                                             len(cfg.datasets) * cfg.runs * cfg.n_prompts)
     lat = LatencyModel.from_logs(lat_root, model=logs.model, device=dev, dtype=dtype)
     report["latency_profile"] = {"root": str(lat_root), "profile_id": lat.meta.get("profile_id")}
-    tune = logs.select(pick_tune_split(logs, resolve_split(cfg.datasets[0], cfg.split) or "test", "auto"))
+    tune = logs.select(pick_tune_split(logs.split, resolve_split(cfg.datasets[0], cfg.split) or "test", "auto"))
     grid = {d: tuple(v["config"]) for d, v in B.grid_search(tune, lat)["by_dataset"].items()}
     return SimSide(logs=logs, lat=lat, clock=lat, grid=grid, note=note), interleave
 

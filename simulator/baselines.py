@@ -101,9 +101,14 @@ def grid_search(logs: ReplayLogs, latency: LatencyModel, configs=None) -> dict:
     """Best static (D, W, V) by mean per-sequence tokens/s, per dataset and overall."""
     cfg = static_space(logs) if configs is None else np.asarray(configs, np.int64)
     r = simulate_static(logs, latency, cfg)
-    tps = r["tokens"][:, None] / np.maximum(r["time"], 1e-12)          # [S, A]
+    return best_static(cfg, r["tokens"][:, None] / np.maximum(r["time"], 1e-12), logs.dataset)
+
+
+def best_static(cfg: np.ndarray, tps: np.ndarray, dataset: np.ndarray) -> dict:
+    """grid_search's answer from per-sequence tokens/s [S, A] of the configs [A, 3] (sequences may come
+    from several chunks of logs, concatenated in the logs' order: the same means as one pass)."""
     out = {"configs": cfg, "tokens_per_s": tps, "by_dataset": {}}
-    groups = {"all": np.ones(logs.n_sequences, bool), **{d: logs.dataset == d for d in logs.datasets}}
+    groups = {"all": np.ones(len(dataset), bool), **{d: dataset == d for d in sorted(set(dataset.tolist()))}}
     for name, m in groups.items():
         mean = tps[m].mean(0)
         i = int(np.argmax(mean))

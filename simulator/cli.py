@@ -36,6 +36,9 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
                         "logs' own)")
     p.add_argument("--profile", default=None, help="latency profile_id (default: the newest of the logs' dtype)")
     p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
+    p.add_argument("--max-positions-in-memory", type=int, default=None,
+                   help="logs with more positions are read a chunk (evaluate) or a sampled window (train) of this "
+                        "many at a time: about 6 KB each at W = 10 (default 500000, ~3 GB)")
 
 
 def _iters(s: str | None) -> tuple[int, ...] | None:

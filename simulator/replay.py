@@ -100,6 +100,18 @@ class SimResult:
                    if k.startswith("t_")}}
 
 
+def concat_results(parts: list[tuple[np.ndarray, SimResult]]) -> SimResult:
+    """One SimResult from per-chunk results [(source_index [S_i], result)], its sequences in source_index
+    order (a streamed replay then equals the in-memory one, sequence for sequence)."""
+    idx = np.concatenate([i for i, _ in parts])
+    order = np.argsort(idx, kind="stable")
+    cat = lambda get: np.concatenate([get(r) for _, r in parts])[order]
+    first = parts[0][1]
+    return SimResult(first.policy, cat(lambda r: r.dataset), cat(lambda r: r.tokens), cat(lambda r: r.time),
+                     cat(lambda r: r.cycles), cat(lambda r: r.accepted),
+                     {k: cat(lambda r, k=k: r.components[k]) for k in first.components})
+
+
 def simulate(policy, logs: ReplayLogs, latency: LatencyModel, seed: int = 0, max_cycles: int | None = None,
              noise_seed: int | None = None, trace: bool = False) -> SimResult:
     """Replay every sequence of `logs` once under `policy` (see module docstring)."""

@@ -148,7 +148,7 @@ def test_bad_shards_give_clear_errors(tmp_path):
     old = tmp_path / "old.parquet"
     t = pa.table({"x": [1]}).replace_schema_metadata({b"draftgym.schema_version": b"0", b"draftgym.table": b"latency"})
     pq.write_table(t, old)
-    with pytest.raises(DataError, match="old.parquet has schema version 0, this DraftGym reads version 2 .collect or profile it again."):
+    with pytest.raises(DataError, match="old.parquet has schema version 0, this DraftGym reads versions 2, 3 .collect or profile it again."):
         read_table(old)
     with pytest.raises(DataError, match="holds table 'latency', expected 'positions'"):
         read_table(good, "positions")

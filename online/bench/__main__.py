@@ -12,6 +12,8 @@ and roughly where does this machine stand":
     env      vectorised replay-env steps/s on synthetic logs
     ltd      an LTD depth-policy PPO run on synthetic logs (env steps/s of training)
     collect  positions logged per second against online EAGLE-3 tokens/s (starts Ray)
+    scale    logs of 100k positions: writing, streamed evaluate (every baseline), LTD PPO from the replay
+             window, with disk per position and peak RSS (online/bench/scale.py; BENCHMARKS O-rows at 2M+)
     batch    optional (not in the default --only): tokens/s of the batched engine at B = 1 and 4 for AR,
              chain 2 and the (8, 10, 60) tree on 4 prompts of 16 tokens (online/bench/batch.py, whose
              docstring gives the full-size command)
@@ -29,8 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-BENCHES = ("engine", "env", "ltd", "collect", "batch")
-DEFAULT_BENCHES = ("engine", "env", "ltd", "collect")       # batch is optional: --only ...,batch
+BENCHES = ("engine", "env", "ltd", "collect", "scale", "batch")
+DEFAULT_BENCHES = ("engine", "env", "ltd", "collect", "scale")   # batch is optional: --only ...,batch
 
 
 @dataclass
@@ -41,6 +43,7 @@ class BenchConfig:
     n_prompts: int = 3                  # prompts of the engine and collection benchmarks
     max_new_tokens: int = 64            # new tokens per prompt (engine, collection)
     ltd_steps: int = 20_000             # env steps of the LTD depth-phase PPO run
+    scale_positions: int = 100_000      # positions of the scale benchmark's logs
 
 
 def _run(module: str, args: list[str]) -> None:
@@ -121,6 +124,20 @@ def bench_batch(cfg: BenchConfig, out: Path) -> list[tuple]:
         if h:
             rows.append(("batch", f"batched AR x HF generate at B = {h['batch']}", f"{h['ratio']:.2f}x", run["dtype"]))
     return rows
+
+
+def bench_scale(cfg: BenchConfig, out: Path) -> list[tuple]:
+    path = out / "scale.json"
+    _run("online.bench.scale", ["--positions", str(cfg.scale_positions), "--logs", str(out / "scale-logs"),
+                                "--max-positions", str(cfg.scale_positions // 4), "--ltd-steps", "5000",
+                                "--out", str(path)])
+    r = {x["phase"]: x for x in json.loads(path.read_text())["results"]}
+    w, e, t = r["write"], r["evaluate"], r["ltd"]
+    return [("scale", "disk bytes per position (positions table, W = 10)", f"{w['bytes_per_position']:,.0f}", "v3"),
+            ("scale", f"evaluate {e['positions']:,} positions streamed: s (pos/s, peak RSS GB)",
+             f"{e['seconds']} ({e['positions_per_s']:,}, {e['peak_rss_gb']})", "numpy"),
+            ("scale", f"LTD PPO {t['steps']:,} steps from a window: steps/s (peak RSS GB)",
+             f"{t['steps_per_s']:,} ({t['peak_rss_gb']})", "numpy")]
 
 
 def summary_table(rows: list[tuple], device: str) -> str:

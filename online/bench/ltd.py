@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 
 from pipeline.runtime.fingerprint import environment_fingerprint
+from simulator.logs.stream import DEFAULT_MAX_POSITIONS
 from simulator.train.common import PolicyTrainConfig, load_training_data
 from simulator.train.ltd import configure, train_ltd
 from pipeline.runtime.atomic import atomic_write_json
@@ -31,10 +32,13 @@ def main(argv=None) -> int:
     ap.add_argument("--amp", default="auto", choices=["auto", "bf16", "off"],
                     help="PPO update forwards in bf16 autocast (auto: where the CPU has bf16 units)")
     ap.add_argument("--obs", default="paper", choices=["paper", "rich"], help="observation variant")
+    ap.add_argument("--max-positions-in-memory", type=int, default=DEFAULT_MAX_POSITIONS,
+                    help="larger logs train from a seeded replay window of this many positions")
     ap.add_argument("--out", default=None, help="write the result JSON here too")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    data = load_training_data(args.logs)
+    data = load_training_data(args.logs, max_positions_in_memory=args.max_positions_in_memory, seed=args.seed,
+                              progress=True)
     settings = PolicyTrainConfig(method="ltd", logs=args.logs, seed=args.seed, action_space=args.action_space,
                                  obs=args.obs, verify_size=args.verify_size)
     cfg = replace(configure(settings, data), depth_steps=args.steps, size_steps=1, iters=(0,))

@@ -50,9 +50,9 @@ def convert_positions(t: pa.Table, path: Path | str = "") -> pa.Table:
     flat = np.asarray(cand.flatten().to_numpy(zero_copy_only=False), np.float32)
     tail = candidate_tail(flat.reshape(len(t), Dm, W * W), W).reshape(-1)
     schema = positions_schema(Dm, W, n_grid, with_dist="accept_dist" in t.column_names)
-    typ = schema.field("candidate_tail").type
     cols = {name: t.column(name) for name in t.column_names if name != "candidate_scores"}
-    cols["candidate_tail"] = pa.FixedSizeListArray.from_arrays(pa.array(tail), typ.list_size)
+    if W > 1:
+        cols["candidate_tail"] = pa.FixedSizeListArray.from_arrays(pa.array(tail), schema.field("candidate_tail").type.list_size)
     cols["schema_version"] = pa.array(np.full(len(t), SCHEMA_VERSION, np.int16))
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 

@@ -17,7 +17,8 @@ and in a `schema_version` column; readers refuse other versions with a one-line 
                 (d = 1: the root's top-W children); they are the best W of that level's candidates
     candidate_tail [max_depth * (W*W - W)] float16: per depth, the level's other W*W - W candidate
                 scores, best first, floored at -20 (pipeline/logs/candidates.py). Version 2 stored
-                candidate_scores [max_depth * W * W] float32 (unsorted, NaN where missing) instead;
+                candidate_scores [max_depth * W * W] float32 (unsorted, NaN where missing) instead.
+                W = 1 (a chain: no candidate below the beam) has no candidate_tail column;
                 both read (`READABLE_VERSIONS`), `draftgym logs compact` rewrites version 2 as 3.
     entropy     [max_depth * W] float32: per depth, the entropy (nats) of each expanded beam's child
                 distribution (d = 1: the root's, slot 0, rest NaN)
@@ -93,6 +94,8 @@ def positions_schema(max_depth: int, width: int, n_grid: int, with_dist: bool) -
         ("candidate_tail", pa.list_(pa.float16(), max_depth * (width * width - width))),
         ("entropy", pa.list_(pa.float32(), max_depth * width)),
     ]
+    if width == 1:               # a chain has no candidate below its beam: no tail column
+        fields = [f for f in fields if f[0] != "candidate_tail"]
     if with_dist:
         fields.append(("accept_dist", pa.list_(pa.float32(), max_depth * (max_depth + 1))))
     return pa.schema(fields)
@@ -117,6 +120,8 @@ def positions_table(run_key, prompt_id, position, context_len, width: int, root_
     cand = np.asarray(candidate_scores, np.float32).reshape(n, Dm, width * width)
     cols = {"acceptance": acceptance, "beam_scores": beam_scores, "candidate_tail": candidate_tail(cand, width),
             "entropy": entropy}
+    if width == 1:
+        cols.pop("candidate_tail")
     arrays = [pa.array(np.full(n, SCHEMA_VERSION, np.int16)), pa.array(each(run_key), pa.string()),
               pa.array(each(prompt_id), pa.string()), pa.array(np.asarray(position, np.int32)),
               pa.array(np.asarray(context_len, np.int32)), pa.array(np.full(n, width, np.int16)),

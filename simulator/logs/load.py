@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import DataError
-from simulator.logs.read import SequenceColumns, read_logs
+from simulator.logs.read import LogRows, SequenceColumns, read_logs
 
 
 @dataclass
@@ -73,6 +73,7 @@ class ReplayLogs:
     w: dict[int, WidthArrays] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     dtype: str = "float32"           # the target's compute dtype the logs were collected in
+    source_index: np.ndarray | None = None   # [S] each sequence's index in the selection it was read from
 
     # -- shapes and lookups
     @property
@@ -153,7 +154,8 @@ class ReplayLogs:
                        split=self.split[seqs], new_tokens=self.new_tokens[seqs], prompt_len=self.prompt_len[seqs],
                        offsets=offsets, seq_index=np.repeat(np.arange(len(seqs)), lengths),
                        position=self.position[rows], context_len=self.context_len[rows],
-                       w={W: a.take(rows) for W, a in self.w.items()}, notes=list(self.notes))
+                       w={W: a.take(rows) for W, a in self.w.items()}, notes=list(self.notes),
+                       source_index=None if self.source_index is None else self.source_index[seqs])
 
     def select(self, split: str | list[str] | None = None, datasets: list[str] | None = None) -> "ReplayLogs":
         keep = np.ones(self.n_sequences, bool)
@@ -186,7 +188,21 @@ def load_logs(root: str | Path, model: str | None = None, temperature: float | N
     10 if logged, else the smallest logged); widths: extra widths to load too (e.g. for Re-SpS
     shapes); "all" loads every logged width.
     """
-    r = read_logs(root, model, temperature, datasets, split, width, widths, dtype)
+    return assemble(read_logs(root, model, temperature, datasets, split, width, widths, dtype))
+
+
+def assemble(r: LogRows, only_present: bool = False) -> ReplayLogs:
+    """ReplayLogs from checked rows: every selected sequence (each must be covered), or with
+    only_present those that have rows in `r` (a chunk of a selection read a few files at a time;
+    `ReplayLogs.source_index` says which sequences of the selection they are)."""
+    source = np.arange(len(r.sequences.new_tokens))
+    if only_present:
+        seen = [x for a in r.positions.values() for x in a["seq"]]
+        source = np.unique(np.concatenate(seen)) if seen else np.zeros(0, np.int64)
+        local = np.full(len(r.sequences.new_tokens), -1, np.int64)
+        local[source] = np.arange(len(source))
+        r = replace(r, sequences=r.sequences.take(source), splits=r.splits[source],
+                    positions={W: {**a, "seq": [local[x] for x in a["seq"]]} for W, a in r.positions.items()})
     sq = r.sequences
     warr, index = {}, []
     for W, a in r.positions.items():
@@ -197,7 +213,7 @@ def load_logs(root: str | Path, model: str | None = None, temperature: float | N
                       verify_grid=r.verify_grid, prompt_id=sq.prompt_id, run_key=sq.run_key, dataset=sq.dataset,
                       split=r.splits, new_tokens=sq.new_tokens, prompt_len=sq.prompt_len,
                       offsets=offsets.astype(np.int64), seq_index=seq_i, position=pos, context_len=ctx, w=warr,
-                      notes=[], dtype=r.dtype)
+                      notes=[], dtype=r.dtype, source_index=source)
     short = sq.new_tokens <= 1
     if short.any():
         logs.notes.append(f"{int(short.sum())} sequences with new_tokens <= 1 (nothing to draft) dropped")

@@ -52,6 +52,13 @@ class SequenceColumns:
                    prompt_len=np.array([len(x) for x in seqs.column("prompt_tokens").to_pylist()], np.int64),
                    key_to_seq={k: i for i, k in enumerate(keys)})
 
+    def take(self, idx: np.ndarray) -> "SequenceColumns":
+        """The sequences idx (key_to_seq then maps to positions in idx)."""
+        keys = list(zip(self.run_key[idx].tolist(), self.prompt_id[idx].tolist()))
+        return SequenceColumns(run_key=self.run_key[idx], prompt_id=self.prompt_id[idx], dataset=self.dataset[idx],
+                               new_tokens=self.new_tokens[idx], prompt_len=self.prompt_len[idx],
+                               key_to_seq={k: i for i, k in enumerate(keys)})
+
 
 @dataclass
 class LogRows:
@@ -72,6 +79,44 @@ def read_logs(root: str | Path, model: str | None = None, temperature: float | N
               width: int | None = None, widths: list[int] | None = None, dtype: str | None = None) -> LogRows:
     """The checked rows of one (model, temperature, dtype) for the given datasets, split(s), width(s)
     (the arguments of simulator.logs.load.load_logs)."""
+    sel = select_logs(root, model, temperature, datasets, split, width, widths, dtype)
+    return sel.read(position_files(sel))
+
+
+@dataclass
+class LogSelection:
+    """Everything `read_logs` decides before reading a positions row: the partitions, the selected
+    sequences, the collection config and the widths. `read(files)` reads those files' rows of the
+    selected sequences (simulator.logs.stream reads a selection a few files at a time)."""
+    root: Path
+    parts: list[dict]
+    model: str
+    temperature: float
+    dtype: str
+    max_depth: int
+    verify_grid: np.ndarray
+    width: int
+    widths: list[int]
+    sequences: SequenceColumns
+    splits: np.ndarray
+
+    @property
+    def where(self) -> str:
+        return f"model={self.model} temperature={self.temperature:g}"
+
+    def read(self, files: list[Path]) -> LogRows:
+        if not files:
+            raise DataError(f"no positions shards for {self.where} under {self.root}/positions")
+        rows = _read_positions(files, self.widths, self.sequences.key_to_seq, self.max_depth, len(self.verify_grid))
+        return LogRows(model=self.model, temperature=self.temperature, dtype=self.dtype, max_depth=self.max_depth,
+                       verify_grid=self.verify_grid, width=self.width, sequences=self.sequences, splits=self.splits,
+                       positions=rows)
+
+
+def select_logs(root: str | Path, model: str | None = None, temperature: float | None = None,
+                datasets: list[str] | str | None = None, split: str | list[str] | None = None,
+                width: int | None = None, widths: list[int] | None = None, dtype: str | None = None) -> LogSelection:
+    """The checked selection of `read_logs` (sequences and config), no positions rows read yet."""
     root = local_dir(root, "the simulator")
     parts, model, temperature = _select_partitions(root, model, temperature, datasets)
     where = f"model={model} temperature={temperature:g}"
@@ -79,10 +124,18 @@ def read_logs(root: str | Path, model: str | None = None, temperature: float | N
     seqs, splits, dtype = _select_sequences(seqs, dtype, split, where, root)
     max_depth, grid = _collection_config(seqs)
     width, want = _pick_widths(seqs, width, widths)
-    sq = SequenceColumns.of(seqs)
-    rows = _read_positions(root, parts, want, sq.key_to_seq, max_depth, len(grid), where)
-    return LogRows(model=model, temperature=float(temperature), dtype=dtype, max_depth=max_depth, verify_grid=grid,
-                   width=width, sequences=sq, splits=splits, positions=rows)
+    return LogSelection(root=Path(root), parts=parts, model=model, temperature=float(temperature), dtype=dtype,
+                        max_depth=max_depth, verify_grid=grid, width=width, widths=want,
+                        sequences=SequenceColumns.of(seqs), splits=splits)
+
+
+def position_files(sel: LogSelection) -> list[Path]:
+    """The positions shards of the selection's partitions, in read order (temp files excluded)."""
+    out = []
+    for p in sel.parts:
+        d = sel.root / "positions" / p["dir"].relative_to(sel.root / "sequences")
+        out += sorted(x for x in d.glob("*.parquet") if not x.name.startswith(".")) if d.is_dir() else []
+    return out
 
 
 # -- the steps of read_logs ---------------------------------------------------------------------
@@ -222,29 +275,24 @@ _POSITION_COLUMNS = {"run_key", "prompt_id", "position", "context_len", "width",
 _CANDIDATES = ("candidate_tail", "candidate_scores")     # version 3, version 2 (pipeline/logs/candidates.py)
 
 
-def _read_positions(root: Path, parts: list[dict], want: list[int], key_to_seq: dict, Dm: int, G: int,
-                    where: str) -> dict[int, dict[str, list]]:
-    """The positions rows of the selected sequences, per width: {W: {"seq", "pos", "ctx", "acc", "beam",
-    "cand", "ent", "dist": [one array per file]}}, in file order."""
+def _read_positions(files: list[Path], want: list[int], key_to_seq: dict, Dm: int, G: int) -> dict[int, dict[str, list]]:
+    """The rows of the selected sequences in these positions files, per width: {W: {"seq", "pos", "ctx",
+    "acc", "beam", "cand", "ent", "dist": [one array per file]}}, in file order."""
     rows: dict[int, dict[str, list]] = {W: {k: [] for k in ("seq", "pos", "ctx", "acc", "beam", "cand", "ent",
                                                                 "dist")} for W in want}
-    pos_dirs = [Path(root) / "positions" / p["dir"].relative_to(Path(root) / "sequences") for p in parts]
-    n_files = 0
-    for d in pos_dirs:
-        for f in sorted(x for x in d.glob("*.parquet") if not x.name.startswith(".")) if d.is_dir() else []:
-            n_files += 1
-            t = read_table(f, "positions")
-            names = set(t.column_names)
-            if not _POSITION_COLUMNS <= names or not names & set(_CANDIDATES):
-                lack = sorted(_POSITION_COLUMNS - names) + ([] if names & set(_CANDIDATES) else ["candidate_tail"])
-                raise DataError(f"{f}: positions file lacks columns {lack}")
-            wcol = np.asarray(t.column("width").to_numpy(), np.int64)
-            for W in want:
-                m = wcol == W
-                if m.any():
-                    _add_width_rows(rows[W], t.filter(pa.array(m)), W, key_to_seq, Dm, G, f, "accept_dist" in names)
-    if n_files == 0:
-        raise DataError(f"no positions shards for {where} under {root}/positions")
+    for f in files:
+        t = read_table(f, "positions")
+        names = set(t.column_names)
+        wcol = np.asarray(t.column("width").to_numpy(), np.int64) if "width" in names else None
+        chain = wcol is not None and len(wcol) and (wcol == 1).all()       # W = 1 has no candidate_tail
+        if not _POSITION_COLUMNS <= names or not (names & set(_CANDIDATES) or chain):
+            lack = sorted(_POSITION_COLUMNS - names) + ([] if names & set(_CANDIDATES) or chain else ["candidate_tail"])
+            raise DataError(f"{f}: positions file lacks columns {lack}")
+        for W in want:
+            m = wcol == W
+            if m.any():
+                _add_width_rows(rows[W], t if m.all() else t.filter(pa.array(m)), W, key_to_seq, Dm, G, f,
+                                "accept_dist" in names)
     return rows
 
 
@@ -274,7 +322,9 @@ def _add_width_rows(a: dict[str, list], tw: pa.Table, W: int, key_to_seq: dict, 
     try:
         acc = _fixed_list(tw.column("acceptance"), (Dm, G), np.uint8)
         beam = _fixed_list(tw.column("beam_scores"), (Dm, W), np.float32)
-        if "candidate_tail" in tw.column_names:
+        if W == 1 and "candidate_scores" not in tw.column_names:
+            cand = sorted_levels(beam, np.zeros((len(tw), Dm, 0), np.float16))
+        elif "candidate_tail" in tw.column_names:
             cand = sorted_levels(beam, _fixed_list(tw.column("candidate_tail"), (Dm, W * W - W), np.float16))
         else:
             cand = levels_from_v2(_fixed_list(tw.column("candidate_scores"), (Dm, W * W), np.float32))

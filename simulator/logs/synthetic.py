@@ -67,6 +67,7 @@ class SyntheticConfig:
     latency_profile: str | None = "cpu"    # 'cpu' | 'gpu' | None (no latency rows)
     latency_batches: tuple[int, ...] = (1,)  # batch sizes of the latency rows (1 always; e.g. 1,2,4,8,16)
     dist_verify_size: int = 60             # T > 0: V of the logged acceptance distributions
+    shard_sequences: int | None = None     # sequences per shard (None: one shard per dataset); write_synthetic_logs
 
 
 # ------------------------------------------------------------------ low-level writers
@@ -264,54 +265,97 @@ def _accept_dist(L: np.ndarray, grid: np.ndarray, v_dist: int, max_depth: int) -
     return out
 
 
-def write_synthetic_logs(root, cfg: SyntheticConfig | None = None) -> dict:
-    """Write a full synthetic log tree under root; returns a summary dict."""
+def write_synthetic_logs(root, cfg: SyntheticConfig | None = None, workers: int = 1, progress: bool = False) -> dict:
+    """Write a full synthetic log tree under root; returns a summary dict.
+
+    With cfg.shard_sequences = None each dataset is one shard (one sequences file, one positions file per
+    width). With shard_sequences = k the sequences of a dataset are written k at a time, each shard from
+    its own seeded generators (the logs do not depend on `workers` or on the order shards run in), by
+    `workers` processes; a shard whose sequences file exists is skipped (the sequences file is written
+    last: a rerun resumes an interrupted run)."""
     cfg = cfg or SyntheticConfig()
-    rng = np.random.default_rng(cfg.seed)
-    grid = np.asarray(cfg.verify_grid, np.int64)
-    Dm = cfg.max_depth
-    n_pos_total = 0
-    for di, (ds, mu) in enumerate(cfg.datasets.items()):
-        S = cfg.n_sequences
-        T = rng.integers(cfg.new_tokens[0], cfg.new_tokens[1] + 1, S)
-        P = rng.integers(cfg.prompt_len[0], cfg.prompt_len[1] + 1, S)
-        rows, seq_of, pos, ctx, e = [], [], [], [], []
-        for s in range(S):
-            pid = f"{ds}-{s:04d}"
-            n = int(T[s]) - 1
-            x = np.zeros(n)
-            eps = rng.standard_normal(n) * cfg.ar_sigma
-            for i in range(n):
-                x[i] = (cfg.ar_rho * x[i - 1] if i else 0.0) + eps[i]
-            e.append(mu + cfg.seq_sd * rng.standard_normal() + x)
-            seq_of += [pid] * n
-            pos.append(np.arange(n))
-            ctx.append(P[s] + np.arange(n))
-            out_tokens = rng.integers(0, cfg.vocab, int(T[s]) + Dm).tolist()
-            rows.append({"run_key": "synthetic", "prompt_id": pid, "split": cfg.split_cycle[s % len(cfg.split_cycle)],
-                         "model_id": cfg.model, "head_id": cfg.head, "dtype": "float32", "seed": cfg.seed,
-                         "prompt_tokens": rng.integers(0, cfg.vocab, int(P[s])).tolist(),
-                         "output_tokens": out_tokens, "new_tokens": int(T[s]), "stop_reason": "max_new_tokens",
-                         "widths": list(cfg.widths), "max_depth": Dm, "verify_grid": list(cfg.verify_grid),
-                         "config_json": json.dumps(asdict(cfg), default=list), "env_json": "{}", "collect_s": 0.0})
-        easiness = np.concatenate(e)
-        pos, ctx = np.concatenate(pos), np.concatenate(ctx)
-        u_path = rng.random((len(easiness), Dm))
-        tok_rows = {r["prompt_id"]: r["output_tokens"] for r in rows}
-        root_tok = np.array([tok_rows[pid][p] for pid, p in zip(seq_of, pos)], np.int32)
-        for W in cfg.widths:
-            cols = draft_trees(easiness, W, Dm, grid, cfg, np.random.default_rng([cfg.seed, di]), u_path)
-            dist = _accept_dist(cols["acceptance"], grid, cfg.dist_verify_size, Dm) if cfg.temperature > 0 else None
-            write_positions(root, cfg.model, ds, cfg.temperature, W, seq_of, pos, ctx, accept_dist=dist,
-                            root_token=root_tok, name=f"synthetic-{ds}", **cols)
-        write_sequences(root, cfg.model, ds, cfg.temperature, rows, name=f"synthetic-{ds}")
-        n_pos_total += len(pos)
+    if cfg.shard_sequences is None:
+        rng = np.random.default_rng(cfg.seed)
+        n_pos = sum(_write_shard(root, cfg, di, cfg.n_sequences, 0, rng, [cfg.seed, di],
+                                 f"synthetic-{ds}") for di, ds in enumerate(cfg.datasets))
+    else:
+        k = cfg.shard_sequences
+        jobs = [(di, min(k, cfg.n_sequences - lo), lo) for di in range(len(cfg.datasets))
+                for lo in range(0, cfg.n_sequences, k)]
+        n_pos = _run_shards(root, cfg, jobs, workers, progress)
     if cfg.latency_profile:
         write_latency(root, latency_rows(cfg.model, cfg.latency_profile, widths=sorted({8, 10, 12, 16, 20, 32,
                                                                                         *cfg.widths}),
                                          verify_grid=cfg.verify_grid, batches=cfg.latency_batches))
     return {"root": str(root), "datasets": list(cfg.datasets), "sequences": cfg.n_sequences * len(cfg.datasets),
-            "positions": n_pos_total, "widths": list(cfg.widths)}
+            "positions": n_pos, "widths": list(cfg.widths)}
+
+
+def _shard_job(args) -> int:
+    root, cfg, di, S, lo = args
+    name = f"synthetic-{list(cfg.datasets)[di]}-{lo // cfg.shard_sequences:05d}"
+    seqs = partition_dir(root, "sequences", cfg.model, list(cfg.datasets)[di], cfg.temperature) / f"{name}.parquet"
+    if seqs.is_file():
+        return -1                                       # written by an earlier run
+    return _write_shard(root, cfg, di, S, lo, np.random.default_rng([cfg.seed, di, lo, 1]), [cfg.seed, di, lo], name)
+
+
+def _run_shards(root, cfg: SyntheticConfig, jobs: list, workers: int, progress: bool) -> int:
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tqdm import tqdm
+
+    args = [(root, cfg, di, S, lo) for di, S, lo in jobs]
+    total = cfg.n_sequences * len(cfg.datasets)
+    bar = tqdm(total=total, desc="synthetic logs", unit="seq", disable=not progress)
+    n_pos = 0
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as ex:
+        for (_, _, _, S, _), n in zip(args, ex.map(_shard_job, args) if workers > 1 else map(_shard_job, args)):
+            n_pos += max(n, 0)
+            bar.update(S)
+    bar.close()
+    return n_pos
+
+
+def _write_shard(root, cfg: SyntheticConfig, di: int, S: int, lo: int, rng, tree_seed: list, name: str) -> int:
+    """Sequences lo .. lo+S-1 of dataset di: positions (every width; each width's trees from a generator
+    seeded with tree_seed), then sequences. -> positions written."""
+    ds, mu = list(cfg.datasets.items())[di]
+    grid = np.asarray(cfg.verify_grid, np.int64)
+    Dm = cfg.max_depth
+    T = rng.integers(cfg.new_tokens[0], cfg.new_tokens[1] + 1, S)
+    P = rng.integers(cfg.prompt_len[0], cfg.prompt_len[1] + 1, S)
+    rows, seq_of, pos, ctx, e = [], [], [], [], []
+    for s in range(S):
+        pid = f"{ds}-{lo + s:04d}"
+        n = int(T[s]) - 1
+        x = np.zeros(n)
+        eps = rng.standard_normal(n) * cfg.ar_sigma
+        for i in range(n):
+            x[i] = (cfg.ar_rho * x[i - 1] if i else 0.0) + eps[i]
+        e.append(mu + cfg.seq_sd * rng.standard_normal() + x)
+        seq_of += [pid] * n
+        pos.append(np.arange(n))
+        ctx.append(P[s] + np.arange(n))
+        out_tokens = rng.integers(0, cfg.vocab, int(T[s]) + Dm).tolist()
+        rows.append({"run_key": "synthetic", "prompt_id": pid, "split": cfg.split_cycle[(lo + s) % len(cfg.split_cycle)],
+                     "model_id": cfg.model, "head_id": cfg.head, "dtype": "float32", "seed": cfg.seed,
+                     "prompt_tokens": rng.integers(0, cfg.vocab, int(P[s])).tolist(),
+                     "output_tokens": out_tokens, "new_tokens": int(T[s]), "stop_reason": "max_new_tokens",
+                     "widths": list(cfg.widths), "max_depth": Dm, "verify_grid": list(cfg.verify_grid),
+                     "config_json": json.dumps(asdict(cfg), default=list), "env_json": "{}", "collect_s": 0.0})
+    easiness = np.concatenate(e)
+    pos, ctx = np.concatenate(pos), np.concatenate(ctx)
+    u_path = rng.random((len(easiness), Dm))
+    tok_rows = {r["prompt_id"]: r["output_tokens"] for r in rows}
+    root_tok = np.array([tok_rows[pid][p] for pid, p in zip(seq_of, pos)], np.int32)
+    for W in cfg.widths:
+        cols = draft_trees(easiness, W, Dm, grid, cfg, np.random.default_rng(tree_seed), u_path)
+        dist = _accept_dist(cols["acceptance"], grid, cfg.dist_verify_size, Dm) if cfg.temperature > 0 else None
+        write_positions(root, cfg.model, ds, cfg.temperature, W, seq_of, pos, ctx, accept_dist=dist,
+                        root_token=root_tok, name=name, **cols)
+    write_sequences(root, cfg.model, ds, cfg.temperature, rows, name=name)
+    return len(pos)
 
 
 @dataclass

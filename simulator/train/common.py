@@ -12,7 +12,8 @@ import numpy as np
 
 from pipeline.errors import DataError
 from simulator.latency_model import LatencyModel
-from simulator.logs.load import ReplayLogs, load_logs
+from simulator.logs.load import ReplayLogs
+from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
 
 
 @dataclass
@@ -45,6 +46,7 @@ class PolicyTrainConfig:
                                          # wide the grid-best static V on the training split
     as_json: bool = False                # print the summary as one JSON object
     progress: bool = True                # progress bars
+    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
 
 
 @dataclass(frozen=True)
@@ -69,15 +71,27 @@ class TrainData:
 
 def load_training_data(logs_root, model=None, temperature=None, datasets=None, split: str = "train",
                        width: int | None = None, widths=None, profile=None, latency_root=None,
-                       dtype: str | None = None, latency_dtype: str | None = None) -> TrainData:
-    logs = load_logs(logs_root, model=model, temperature=temperature, datasets=datasets, width=width, widths=widths,
-                     dtype=dtype)
-    lat = LatencyModel.from_logs(latency_root or logs_root, model=logs.model, profile=profile,
-                                 dtype=latency_dtype or logs.dtype)
+                       dtype: str | None = None, latency_dtype: str | None = None,
+                       max_positions_in_memory: int = DEFAULT_MAX_POSITIONS, seed: int = 0,
+                       progress: bool = False) -> TrainData:
+    """The training and val splits, as a replay window of at most ~max_positions_in_memory positions
+    (simulator.logs.stream.LogSource.sample: shards drawn per dataset in a seeded order; the whole
+    selection when it fits, then equal to load_logs)."""
+    src = LogSource(logs_root, model=model, temperature=temperature, datasets=datasets, split=[split, "val"],
+                    width=width, widths=widths, dtype=dtype, progress=progress)
+    lat = LatencyModel.from_logs(latency_root or logs_root, model=src.sel.model, profile=profile,
+                                 dtype=latency_dtype or src.sel.dtype)
+    if split not in set(src.sel.splits.tolist()):
+        raise DataError(f"no sequences in training split {split!r} (splits: {sorted(set(src.sel.splits.tolist()))})")
+    logs = src.sample(max_positions_in_memory, seed=seed)
     train = logs.select(split)
     if train.n_sequences == 0:
-        raise DataError(f"no sequences in training split {split!r} (splits: {sorted(set(logs.split.tolist()))})")
-    notes = list(logs.notes)
+        raise DataError(f"the replay window of {logs.n_positions:,} positions holds no {split!r} sequence: "
+                        f"raise --max-positions-in-memory")
+    notes = list(src.notes)
+    if logs.n_positions < src.n_positions:
+        notes.append(f"replay window: {logs.n_positions:,} of {src.n_positions:,} positions "
+                     f"(--max-positions-in-memory {max_positions_in_memory:,}, seed {seed})")
     val = logs.select("val")
     if val.n_sequences == 0 or split == "val":
         val = train

@@ -29,7 +29,8 @@ def run_trainer(cfg: PolicyTrainConfig) -> int:
     t0 = time.perf_counter()
     data = load_training_data(cfg.logs, cfg.model, cfg.temperature, cfg.dataset, cfg.split, cfg.width,
                               widths="all" if method.all_widths else None, profile=cfg.profile,
-                              latency_root=cfg.latency, dtype=cfg.dtype, latency_dtype=cfg.latency_dtype)
+                              latency_root=cfg.latency, dtype=cfg.dtype, latency_dtype=cfg.latency_dtype,
+                              max_positions_in_memory=cfg.max_positions_in_memory, seed=cfg.seed, progress=cfg.progress)
     mcfg = method.configure(cfg, data)
     res = method.train(data, mcfg, progress=cfg.progress)
     out = Path(cfg.out)

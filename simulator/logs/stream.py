@@ -1,0 +1,149 @@
+"""Logs larger than memory: one selection read a few shards at a time.
+
+`load_logs` reads every positions row of a selection into one `ReplayLogs` (about 6 KB a position at
+W = 10 in RAM). A `LogSource` makes the same selection (simulator.logs.read.select_logs: sequences,
+config, widths; no positions row read) and reads its positions shards in groups:
+
+    group    the shards of the same sequences, one per width: `<name>-w<W>.parquet` (collection writes
+             one group per prompt, the synthetic logs one per shard of sequences), sized by its
+             primary-width shard's row count (Parquet footer)
+    chunks(max_positions)     the groups in read order, packed into chunks of at most max_positions
+                              rows (a group larger than that is a chunk of its own) -> ReplayLogs of
+                              the chunk's sequences, with `source_index` their index in the selection
+    sample(max_positions, seed)  a replay window: per dataset, groups drawn in a seeded order until the
+                              dataset's share of max_positions (its share of the selection's positions)
+                              is filled -> one ReplayLogs; everything when the selection fits
+
+A sequence's rows must lie in one group (they do in every log DraftGym writes); one that does not is the
+coverage check's one-line DataError. Every selected sequence is read exactly once over `chunks`
+(checked at the end). Consumers that combine per-sequence results reorder them by `source_index`, so
+their figures equal the in-memory path's (simulator.evaluate).
+"""
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from pipeline.errors import DataError
+from pipeline.logs.schema import check_file
+from simulator.logs.load import ReplayLogs, assemble
+from simulator.logs.read import partition_values, position_files, select_logs
+
+DEFAULT_MAX_POSITIONS = 500_000      # rows per chunk / window: ~3 GB of replay arrays at W = 10 (docs/design.md)
+_WIDTH_SUFFIX = re.compile(r"^(.*)-w(\d+)$")
+
+
+@dataclass
+class FileGroup:
+    files: list[Path]                # one shard per width (or one shard of every width)
+    rows: int                        # rows of the primary width (its shard's footer), or of all rows
+    dataset: str
+
+
+class LogSource:
+    """One selection of logs (the arguments of `load_logs`), read in chunks or as a sampled window."""
+
+    def __init__(self, root, model=None, temperature=None, datasets=None, split=None, width=None, widths=None,
+                 dtype=None, progress: bool = True):
+        self.sel = select_logs(root, model, temperature, datasets, split, width, widths, dtype)
+        self.progress = progress
+        self.groups = self._groups()
+        short = int((self.sel.sequences.new_tokens <= 1).sum())
+        self.notes = [f"{short} sequences with new_tokens <= 1 (nothing to draft) dropped"] if short else []
+
+    @property
+    def n_sequences(self) -> int:
+        return len(self.sel.sequences.new_tokens)
+
+    @property
+    def n_positions(self) -> int:
+        """Positions the selection replays: new_tokens - 1 per sequence (sequences shorter than 2 drop)."""
+        return int(np.maximum(self.sel.sequences.new_tokens - 1, 0)[self.sel.sequences.new_tokens > 1].sum())
+
+    def _groups(self) -> list[FileGroup]:
+        by_key: dict[tuple[Path, str], dict[int, Path]] = {}
+        for f in position_files(self.sel):
+            m = _WIDTH_SUFFIX.match(f.stem)
+            name, W = (m.group(1), int(m.group(2))) if m else (f.stem, -1)
+            by_key.setdefault((f.parent, name), {})[W] = f
+        out = []
+        for (d, _), files in by_key.items():
+            main = files.get(self.sel.width, next(iter(files.values())))
+            if len(files) > 1 and self.sel.width not in files:
+                continue                                 # a group without the primary width: no selected rows
+            ds = partition_values(d).get("dataset", "")
+            out.append(FileGroup([files[W] for W in sorted(files)], check_file(main, "positions").metadata.num_rows,
+                                 ds))
+        if not out:
+            raise DataError(f"no positions shards for {self.sel.where} under {self.sel.root}/positions")
+        return out
+
+    def read(self, groups: list[FileGroup]) -> ReplayLogs:
+        """The ReplayLogs of the selected sequences with rows in these groups."""
+        return assemble(self.sel.read([f for g in groups for f in g.files]), only_present=True)
+
+    def chunks(self, max_positions: int = DEFAULT_MAX_POSITIONS, desc: str = "read logs") -> Iterator[ReplayLogs]:
+        """Every selected sequence once, in chunks of at most max_positions rows (module doc)."""
+        from tqdm import tqdm
+
+        seen = np.zeros(self.n_sequences, bool)
+        total = sum(g.rows for g in self.groups)
+        bar = tqdm(total=total, desc=desc, unit="pos", unit_scale=True, disable=not self.progress, mininterval=2)
+        for pack in _pack(self.groups, max_positions):
+            logs = self.read(pack)
+            if seen[logs.source_index].any():
+                raise DataError(f"sequence {logs.prompt_id[np.flatnonzero(seen[logs.source_index])[0]]} has rows "
+                                f"in more than one shard group")
+            seen[logs.source_index] = True
+            bar.update(sum(g.rows for g in pack))
+            yield logs
+        bar.close()
+        missing = np.flatnonzero(~seen & (self.sel.sequences.new_tokens > 1))
+        if len(missing):
+            raise DataError(f"sequence {self.sel.sequences.prompt_id[missing[0]]} has no positions rows "
+                            f"({len(missing)} selected sequence(s) without rows)")
+
+    def sample(self, max_positions: int = DEFAULT_MAX_POSITIONS, seed: int = 0) -> ReplayLogs:
+        """A replay window of at most ~max_positions rows (module doc); the whole selection when it fits."""
+        t0 = time.perf_counter()
+        total = sum(g.rows for g in self.groups)
+        if total <= max_positions:
+            picked = self.groups
+        else:
+            rng, keep = np.random.default_rng(seed), []
+            for ds in sorted({g.dataset for g in self.groups}):
+                mine = [i for i, g in enumerate(self.groups) if g.dataset == ds]
+                budget, used = max_positions * sum(self.groups[i].rows for i in mine) / total, 0
+                for i in rng.permutation(mine):
+                    if used and used + self.groups[i].rows > budget:
+                        break
+                    keep.append(i)
+                    used += self.groups[i].rows
+            picked = [self.groups[i] for i in sorted(keep)]
+        logs = self.read(picked)
+        order = np.argsort(logs.source_index, kind="stable")       # selection order, as load_logs
+        logs = logs.subset(order)
+        if self.progress and len(picked) < len(self.groups):
+            dt = time.perf_counter() - t0
+            print(f"replay window: {logs.n_positions:,} of {self.n_positions:,} positions "
+                  f"({logs.n_sequences:,} sequences) in {dt:.1f} s ({logs.n_positions / max(dt, 1e-9):,.0f} pos/s)",
+                  file=sys.stderr)
+        return logs
+
+
+def _pack(groups: list[FileGroup], max_positions: int) -> Iterator[list[FileGroup]]:
+    pack, rows = [], 0
+    for g in groups:
+        if pack and rows + g.rows > max_positions:
+            yield pack
+            pack, rows = [], 0
+        pack.append(g)
+        rows += g.rows
+    if pack:
+        yield pack
