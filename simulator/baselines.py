@@ -28,7 +28,8 @@ from simulator.replay import cycle_time, pool_size
 
 
 def static_space(logs: ReplayLogs, min_verify: int = 2) -> np.ndarray:
-    """[A, 3] (D, W, V): every depth, loaded width and grid V >= min_verify."""
+    """[A, 3] (D, W, V): every depth, loaded width and grid V >= min_verify (`logs`: anything with
+    max_depth, verify_grid and widths, e.g. a `simulator.logs.read.LogSelection`)."""
     D = np.arange(1, logs.max_depth + 1)
     V = logs.verify_grid[logs.verify_grid >= min_verify]
     return np.array([(d, w, v) for w in logs.widths for d in D for v in V], np.int64)
@@ -125,6 +126,7 @@ class DDDPolicy(Policy):
     threshold = -0.3
     checkpoints = (5, 7, 9)
     uses_depth_hook = True
+    step_fields = ("beam_scores",)
     call_cost = 0.0
 
     def __init__(self, threshold: float | None = None, checkpoints=None, width: int = 10, verify: int = 60,
@@ -151,6 +153,7 @@ class EntropyStopPolicy(Policy):
 
     theta = 0.5
     uses_depth_hook = True
+    step_fields = ("entropy",)
     call_cost = 0.0
 
     def __init__(self, theta: float | None = None, gamma: float = 0.15, min_entropy: float = 0.3, width: int = 10,

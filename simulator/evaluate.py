@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -63,16 +64,64 @@ def metrics(res: SimResult, ref: dict[str, SimResult], groups: dict[str, np.ndar
     return out
 
 
+@dataclass
+class Plan:
+    """What every chunk of the evaluated split is replayed with (pickled to Ray tasks as it is)."""
+    split: str
+    policies: list
+    latency: LatencyModel
+    grid_best: dict                      # dataset -> (D, W, V)
+    grid_best_all: tuple
+    fit_logs: ReplayLogs | None = None   # goodput's fit (the training split of a window), else None
+
+
+def grid_part(logs: ReplayLogs, tune: str, lat: LatencyModel, cfg: np.ndarray | None):
+    """Pass 1 on one chunk: per-sequence tokens/s [S, A] of every static config on its tuning split."""
+    t = logs.select(tune)
+    if not t.n_sequences:
+        return None
+    cfg = B.static_space(t) if cfg is None else cfg
+    r = B.simulate_static(t, lat, cfg)
+    return cfg, t.source_index, r["tokens"][:, None] / np.maximum(r["time"], 1e-12), t.dataset
+
+
+def eval_part(logs: ReplayLogs, plan: Plan) -> dict | None:
+    """Pass 2 on one chunk: every reference method and policy on its evaluated split ->
+    {"results": {name: (source_index, SimResult)}, "names", "ctx", "notes", "default"}."""
+    ev = logs.select(plan.split)
+    if not ev.n_sequences:
+        return None
+    lat, default = plan.latency, B.default_static(ev)
+    runs = {"ar": lambda: autoregressive(ev, lat),
+            "static": lambda: simulate(B.StaticPolicy(*default), ev, lat),
+            "grid-best": lambda: simulate(PerDatasetStatic(ev, plan.grid_best, plan.grid_best_all), ev, lat),
+            "oracle": lambda: simulate(B.OraclePolicy(ev, lat), ev, lat)}
+    out = {"results": {name: (ev.source_index, run()) for name, run in runs.items()}, "names": {},
+           "ctx": ev.context_len.astype(np.int32), "notes": list(logs.notes), "default": default}
+    for spec in plan.policies:
+        if spec in runs:                          # e.g. --policy oracle: already a reference row
+            continue
+        try:
+            pol = load_policy(spec, logs=ev, latency=lat, fit_logs=plan.fit_logs)
+            res = simulate(pol, ev, lat)
+        except ValueError as e:
+            raise DraftGymError(f"policy {spec}: {e}") from None
+        out["results"][spec] = (ev.source_index, res)
+        out["names"][spec] = getattr(pol, "name", spec)
+    return out
+
+
 def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | None = None, model: str | None = None,
              temperature: float | None = None, datasets=None, profile: str | None = None,
              latency_root: str | Path | None = None, tune_split: str | None = "auto", dtype: str | None = None,
              latency_dtype: str | None = None, max_positions_in_memory: int | None = None,
-             progress: bool = False) -> dict:
+             progress: bool = False, ray: bool = False) -> dict:
     """The report of `draftgym evaluate`. Logs of more than max_positions_in_memory positions (None: no
     limit) are replayed a chunk at a time (simulator.logs.stream): grid-best's search over the tuning split
     in one pass, every method over the evaluated split in a second, the goodput heuristic fitted on a
-    sampled window of the training split. Per-sequence results are put back in the logs' order, so the
-    figures equal the in-memory path's (tests/test_logs_stream.py)."""
+    sampled window of the training split. ray=True runs each chunk of each pass as a Ray task
+    (simulator.logs.ray_chunks; RAY_ADDRESS: a cluster). Per-sequence results are put back in the logs'
+    order, so the figures equal the in-memory path's (tests/test_logs_stream.py, tests/test_cluster.py)."""
     for spec in policies or []:
         parse_spec(spec)                 # a bad spec fails in one line before the logs load
     src = LogSource(logs_root, model=model, temperature=temperature, datasets=datasets, widths="all", dtype=dtype,
@@ -86,66 +135,46 @@ def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | N
     if tune != "all" and tune not in have:
         raise DataError(f"no sequences in tuning split {tune!r}")
     budget = max_positions_in_memory or src.n_positions
-    whole = src.sample(budget) if src.n_positions <= budget else None      # everything, in the logs' order
-    chunks = (lambda desc: [whole]) if whole is not None else (lambda desc: src.chunks(budget, desc=desc))
-    window = whole if whole is not None else src.sample(budget)
-    train = window.select("train")
-    fit_logs = train if train.n_sequences else window.select(tune)
+    whole = src.sample(budget) if src.n_positions <= budget and not ray else None   # everything, in the logs' order
+    if whole is not None:
+        each = lambda fn, desc, scores=True: [fn(whole)]
+    elif ray:
+        from simulator.logs.ray_chunks import map_chunks
+        each = lambda fn, desc, scores=True: map_chunks(src, fn, budget, scores=scores, desc=desc)
+    else:
+        each = lambda fn, desc, scores=True: (fn(c) for c in src.chunks(budget, desc=desc, scores=scores))
 
     # pass 1: grid-best per dataset, searched on the tuning split
-    cfg, tps, ds = None, [], []
-    for logs in chunks("grid search"):
-        t = logs.select(tune)
-        if t.n_sequences:
-            cfg = B.static_space(t) if cfg is None else cfg
-            r = B.simulate_static(t, lat, cfg)
-            tps.append((t.source_index, r["tokens"][:, None] / np.maximum(r["time"], 1e-12)))
-            ds.append((t.source_index, t.dataset))
-    order = np.argsort(np.concatenate([i for i, _ in tps]), kind="stable")
-    gs = B.best_static(cfg, np.concatenate([x for _, x in tps])[order], np.concatenate([x for _, x in ds])[order])
+    cfg = B.static_space(src.sel)                          # every depth, logged width and grid V >= 2
+    got = [g for g in each(partial(grid_part, tune=tune, lat=lat, cfg=cfg), "grid search", scores=False) if g]
+    order = np.argsort(np.concatenate([g[1] for g in got]), kind="stable")
+    gs = B.best_static(cfg, np.concatenate([g[2] for g in got])[order], np.concatenate([g[3] for g in got])[order])
     per_ds = {d: v["config"] for d, v in gs["by_dataset"].items() if d != "all"}
+    fit_logs = None
+    if any(spec.split(":")[0] == "goodput" for spec in policies or []):     # the one heuristic fitted on logs
+        window = whole if whole is not None else src.sample(budget)
+        train = window.select("train")
+        fit_logs = train if train.n_sequences else window.select(tune)
+    plan = Plan(split, list(policies or []), lat, per_ds, gs["by_dataset"]["all"]["config"], fit_logs)
 
     # pass 2: every method on the evaluated split
-    parts: dict[str, list] = {}
-    ctx, default, names, notes = [], None, {}, list(src.notes)
-    for logs in chunks("evaluate"):
-        ev = logs.select(split)
-        if not ev.n_sequences:
-            continue
-        default = default or B.default_static(ev)
-        ctx.append(ev.context_len.astype(np.int32))
-        notes += [n for n in logs.notes if n not in notes]
-        runs = {"ar": lambda: autoregressive(ev, lat),
-                "static": lambda: simulate(B.StaticPolicy(*default), ev, lat),
-                "grid-best": lambda: simulate(PerDatasetStatic(ev, per_ds, gs["by_dataset"]["all"]["config"]), ev, lat),
-                "oracle": lambda: simulate(B.OraclePolicy(ev, lat), ev, lat)}
-        for name, run in runs.items():
-            parts.setdefault(name, []).append((ev.source_index, run()))
-        for spec in policies or []:
-            if spec in runs:                      # e.g. --policy oracle: already a reference row
-                continue
-            try:
-                pol = load_policy(spec, logs=ev, latency=lat, fit_logs=fit_logs)
-                res = simulate(pol, ev, lat)
-            except ValueError as e:
-                raise DraftGymError(f"policy {spec}: {e}") from None
-            parts.setdefault(spec, []).append((ev.source_index, res))
-            names[spec] = getattr(pol, "name", spec)
-    if not parts:
+    outs = [o for o in each(partial(eval_part, plan=plan), "evaluate") if o]
+    if not outs:
         raise DataError(f"no sequences in split {split!r} (splits: {have})")
-    res = {name: concat_results(p) for name, p in parts.items()}
+    res = {name: concat_results([o["results"][name] for o in outs]) for name in outs[0]["results"]}
+    notes = list(src.notes) + [n for n in dict.fromkeys(x for o in outs for x in o["notes"]) if n not in src.notes]
     dataset = res["ar"].dataset
     groups = {"all": np.ones(len(dataset), bool), **{d: dataset == d for d in sorted(set(dataset.tolist()))}}
     results = {name: metrics(r, res, groups) for name, r in res.items()}
-    for spec, name in names.items():
+    for spec, name in outs[0]["names"].items():
         results[spec]["all"]["policy_name"] = name
-    widths = tuple(src.sel.widths)
+    ctx = np.concatenate([o["ctx"] for o in outs])
     return {"logs": str(logs_root), "model": src.sel.model, "temperature": src.sel.temperature, "split": split,
-            "tune_split": tune, "latency": lat.meta, "static_default": list(default),
+            "tune_split": tune, "latency": lat.meta, "static_default": list(outs[0]["default"]),
             "grid_best": {d: list(v["config"]) for d, v in gs["by_dataset"].items()},
             "datasets": list(groups), "results": results, "notes": notes,
-            "latency_coverage": lat.coverage(np.concatenate(ctx), widths, src.sel.verify_grid),
-            "positions": int(sum(len(c) for c in ctx)), "streamed": whole is None}
+            "latency_coverage": lat.coverage(ctx, tuple(src.sel.widths), src.sel.verify_grid),
+            "positions": int(len(ctx)), "streamed": whole is None}
 
 
 def print_report(rep: dict, console=None) -> None:
@@ -196,13 +225,14 @@ class EvaluateConfig:
     as_json: bool = False                # print one JSON object instead of the table
     max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs are replayed a chunk at a time
     progress: bool = True                # progress bars (stderr) on long reads
+    ray: bool = False                    # each chunk a Ray task (embedded Ray, or the cluster at RAY_ADDRESS)
 
 
 def run_evaluate_command(cfg: EvaluateConfig) -> int:
     rep = evaluate(cfg.logs, split=cfg.split, policies=cfg.policies, model=cfg.model, temperature=cfg.temperature,
                    datasets=cfg.dataset, profile=cfg.profile, latency_root=cfg.latency, tune_split=cfg.tune_split,
                    dtype=cfg.dtype, latency_dtype=cfg.latency_dtype, max_positions_in_memory=cfg.max_positions_in_memory,
-                   progress=cfg.progress)
+                   progress=cfg.progress, ray=cfg.ray)
     if cfg.as_json:
         print(json.dumps(rep, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
     else:

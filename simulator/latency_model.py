@@ -185,7 +185,7 @@ class LatencyModel:
 
     def t_overhead(self, context_len, rng: np.random.Generator | None = None, batch=1) -> np.ndarray:
         """Per-cycle (per-step) engine cost outside the ops; flat in B unless the profile has B > 1 rows."""
-        z = np.zeros_like(np.asarray(context_len, np.float64))
+        z = np.zeros(np.shape(context_len), np.int64)          # x = 0: integer, so the surface reads its table
         if (b := self._batch(batch)) is not None:
             return self._at_batch("overhead", self.overhead, z, context_len, b, rng)
         return self.overhead(z, context_len) if rng is None else self.overhead.sample(z, context_len, rng)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 Z90 = 1.2815515655446004     # N(0,1) 90 % quantile
+TABLE_CELLS = 4_000_000      # largest (x, ctx) table a Surface keeps per statistic (32 MB)
 
 
 class Surface:
@@ -46,22 +47,45 @@ class Surface:
             m = self.points["ctx"] == c
             o = np.argsort(self.points["x"][m])
             self._lv.append({k: self.points[k][m][o] for k in ("x", "median", "p10", "p90")})
+        self._tables: dict[str, np.ndarray] = {}
 
     def __call__(self, x, ctx, stat: str = "median") -> np.ndarray:
-        x, ctx = np.broadcast_arrays(np.asarray(x, np.float64), np.asarray(ctx, np.float64))
+        x, ctx = np.broadcast_arrays(np.asarray(x), np.asarray(ctx))
         shape = x.shape
         x, ctx = x.ravel(), ctx.ravel()
+        if len(x) and x.dtype.kind in "iu" and ctx.dtype.kind in "iu":        # replay's calls: tabulated
+            hit = self._tabulated(x, ctx, stat)
+            if hit is not None:
+                return hit.reshape(shape)
+        return self._interp(x.astype(np.float64), ctx.astype(np.float64), stat).reshape(shape)
+
+    def _tabulated(self, x: np.ndarray, ctx: np.ndarray, stat: str) -> np.ndarray | None:
+        """t(x, ctx) at integer x and ctx read from a table of `_interp` over every x <= max x and ctx <=
+        max ctx seen (grown on demand, at most TABLE_CELLS cells): the same numbers, one gather instead
+        of K interpolations per call. None when x or ctx is negative or the table would be too large."""
+        if x.min() < 0 or ctx.min() < 0:
+            return None
+        xm, cm = int(x.max()), int(ctx.max())
+        t = self._tables.get(stat)
+        if t is None or t.shape[0] <= xm or t.shape[1] <= cm:
+            nx, nc = max(xm + 1, 0 if t is None else t.shape[0]), max(cm + 1, 0 if t is None else t.shape[1])
+            if nx * nc > TABLE_CELLS:
+                return None
+            gx, gc = np.meshgrid(np.arange(nx, dtype=np.float64), np.arange(nc, dtype=np.float64), indexing="ij")
+            t = self._tables[stat] = self._interp(gx.ravel(), gc.ravel(), stat).reshape(nx, nc)
+        return t[x, ctx]
+
+    def _interp(self, x: np.ndarray, ctx: np.ndarray, stat: str) -> np.ndarray:
         K = len(self.levels)
         if K == 1:
-            lv = self._lv[0]
-            return np.interp(x, lv["x"], lv[stat]).reshape(shape)
+            return np.interp(x, self._lv[0]["x"], self._lv[0][stat])
         F = np.stack([np.interp(x, lv["x"], lv[stat]) for lv in self._lv])     # [K, n]
         c = np.clip(ctx, self.levels[0], self.levels[-1])
         hi = np.clip(np.searchsorted(self.levels, c, side="left"), 1, K - 1)
         lo = hi - 1
         w = (c - self.levels[lo]) / (self.levels[hi] - self.levels[lo])
         n = np.arange(len(x))
-        return ((1 - w) * F[lo, n] + w * F[hi, n]).reshape(shape)
+        return (1 - w) * F[lo, n] + w * F[hi, n]
 
     def sample(self, x, ctx, rng: np.random.Generator) -> np.ndarray:
         return two_piece(*(self(x, ctx, s) for s in ("median", "p10", "p90")), rng)

@@ -156,10 +156,11 @@ def simulate(policy, logs: ReplayLogs, latency: LatencyModel, seed: int = 0, max
                     break
                 i = np.flatnonzero(ask)
                 r = rows[i]
+                cand = wa.candidate_scores[r, d - 1] if "candidate_scores" in policy.step_fields else None
                 cont = np.asarray(policy.continue_drafting(StepBatch(
                     env=env[i], depth=d, width=Wp, beam_scores=wa.beam_scores[r, d - 1],
-                    candidate_scores=wa.candidate_scores[r, d - 1], entropy=wa.entropy[r, d - 1],
-                    context_len=ctx[i], sorted_candidates=wa.sorted_candidates[r, d - 1])), bool)
+                    candidate_scores=cand, entropy=wa.entropy[r, d - 1],
+                    context_len=ctx[i], sorted_candidates=cand)), bool)
                 calls[i] += 1
                 stop = i[~cont]
                 D[stop] = d
@@ -187,7 +188,7 @@ def simulate(policy, logs: ReplayLogs, latency: LatencyModel, seed: int = 0, max
                              "context_len": ctx, "t_cycle": t["t_cycle"]})
         for Wv in np.unique(W):
             m = W == Wv
-            cs = logs.w[int(Wv)].candidate_scores[rows[m], 0, : min(int(Wv), RESPS_ROOT_K)]
+            cs = logs.w[int(Wv)].root_scores(rows[m], min(int(Wv), RESPS_ROOT_K))
             last_root[env[m]] = np.nan
             last_root[env[m], : cs.shape[1]] = cs
         for k, v in (("depth", D), ("width", W), ("verify", t["verify_eff"]), ("accepted", L), ("emitted", emitted)):

@@ -27,6 +27,7 @@ import numpy as np
 
 from pipeline.cliargs import DTYPES
 from pipeline.errors import DraftGymError
+from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
 from simulator.train.common import PolicyTrainConfig
 
 
@@ -52,6 +53,7 @@ class TransferConfig:
     obs: str = "paper"                   # observations, as `draftgym train`
     objective: str = "ratio"             # cycle reward, as `draftgym train` (rate: lambda is each profile's own grid-best)
     progress: bool = True                # progress bars
+    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
 
 
 def train_config(cfg: TransferConfig) -> PolicyTrainConfig:
@@ -59,7 +61,7 @@ def train_config(cfg: TransferConfig) -> PolicyTrainConfig:
     return PolicyTrainConfig(method=cfg.method, logs=cfg.logs, model=cfg.model, temperature=cfg.temperature,
                              dtype=cfg.dtype, latency=cfg.latency, steps=cfg.steps, seed=cfg.seed, n_envs=cfg.n_envs,
                              iters=cfg.iters, action_space=cfg.action_space, obs=cfg.obs, objective=cfg.objective,
-                             progress=cfg.progress)
+                             progress=cfg.progress, max_positions_in_memory=cfg.max_positions_in_memory)
 
 
 def train_flags(cfg: TransferConfig) -> list[str]:
@@ -142,12 +144,13 @@ def train_for_profiles(base: PolicyTrainConfig, specs: list[str], out: Path, tra
 
 
 def load_transfer_logs(logs_root: str, split: str = "test", model: str | None = None, dtype: str | None = None,
-                       temperature: float | None = None):
-    """The acceptance logs the table replays, with a `split` to measure on: loaded before any training,
-    so a wrong partition (model, dtype, temperature) or an empty split fails in one line first."""
-    from simulator.logs.load import load_logs
-
-    logs = load_logs(logs_root, model=model, dtype=dtype, temperature=temperature)
+                       temperature: float | None = None, max_positions_in_memory: int = DEFAULT_MAX_POSITIONS,
+                       seed: int = 0):
+    """The acceptance logs the table replays (a seeded window when larger than max_positions_in_memory),
+    with a `split` to measure on: loaded before any training, so a wrong partition (model, dtype,
+    temperature) or an empty split fails in one line first."""
+    logs = LogSource(logs_root, model=model, dtype=dtype, temperature=temperature,
+                     progress=False).sample(max_positions_in_memory, seed=seed)
     if logs.select(split).n_sequences == 0:
         raise DraftGymError(f"no {split!r} sequences under {logs_root}")
     return logs
@@ -225,7 +228,8 @@ def run_transfer_command(cfg: TransferConfig) -> int:
         raise DraftGymError("--profiles: two or more distinct profile specs, e.g. float32,bfloat16")
     t0 = time.perf_counter()
     # the logs and every profile exist before any training starts
-    logs = load_transfer_logs(cfg.logs, cfg.split, cfg.model, cfg.dtype, cfg.temperature)
+    logs = load_transfer_logs(cfg.logs, cfg.split, cfg.model, cfg.dtype, cfg.temperature, cfg.max_positions_in_memory,
+                              cfg.seed)
     ids = {s: _latency(cfg.latency or cfg.logs, cfg.model, s).meta.get("profile_id") for s in specs}
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """`draftgym collect` on a Ray cluster: the pool sized from the cluster's resources, the runtime_env that
 carries code and environment, a one-line error for an unreachable cluster, and a real 2-node local
-cluster (two `ray start` nodes) whose shards all land under the driver's --out."""
+cluster (two `ray start` nodes) whose shards all land under the driver's --out; `draftgym evaluate --ray`
+on the same cluster equals one box."""
 from __future__ import annotations
 
 import json
@@ -185,6 +186,20 @@ def test_collect_on_a_two_node_cluster(tmp_path, tiny_model_dir, monkeypatch):
         seq = [read_table(f, "sequences") for f in table_files(out, "sequences")]
         assert sorted(t["prompt_id"][0].as_py() for t in seq) == ["humaneval/HumanEval/0", "humaneval/HumanEval/1"]
         assert len(table_files(out, "positions")) == 2 and (out / "_runs" / f"{seq[0]['run_key'][0]}.json").is_file()
+
+        # evaluate as Ray tasks on the same cluster (chunks of 150 positions): equal to one box, in-process
+        from simulator.evaluate import evaluate
+        from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
+
+        logs = tmp_path / "synthetic"
+        write_synthetic_logs(logs, SyntheticConfig(n_sequences=6, new_tokens=(20, 40), seed=4, shard_sequences=2))
+        p = subprocess.run([sys.executable, "-m", "online.cli", "evaluate", "--logs", str(logs), "--ray", "--policy", "ddd",
+                            "--max-positions-in-memory", "150", "--no-progress", "--json"],
+                           cwd=tmp_path / "driver", env=dict(os.environ), capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        on_cluster, one_box = json.loads(p.stdout.strip().splitlines()[-1]), evaluate(logs, policies=["ddd"])
+        assert on_cluster["streamed"] and on_cluster["results"] == one_box["results"]
+        assert on_cluster["grid_best"] == one_box["grid_best"]
 
         # what did the workers get? Asked from another fresh driver process: this pytest process never
         # connects to the test cluster (a later test's embedded Ray would not start cleanly after it)

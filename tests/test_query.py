@@ -18,7 +18,7 @@ from pipeline.errors import DataError, DraftGymError
 from pipeline.logs.query import acceptance_array, connect, run_sql, scan
 from pipeline.logs.query_examples import EXAMPLES
 from pipeline.logs.schema import (CYCLES, LATENCY, SCHEMA_VERSION, SEQUENCES, TABLE_KEY, VERSION_KEY, partition_dir,
-                             positions_schema, write_atomic)
+                             positions_schema, tail_array, write_atomic)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL, DATASET = "tiny/model", "toy"       # the partition folder is model=tiny--model
@@ -52,9 +52,10 @@ def write_positions(root: Path, run_key: str, pid: str, W: int, with_dist: bool 
             "context_len": pa.array(np.arange(n, dtype=np.int32) + 10), "width": pa.array(np.full(n, W, np.int16)),
             "root_token": pa.array(np.arange(n, dtype=np.int32)),
             "acceptance": _fixed(acceptance(m), schema.field("acceptance").type)}
-    for name in ("beam_scores", "candidate_tail", "entropy") + (("accept_dist",) if with_dist else ()):
+    for name in ("beam_scores", "entropy") + (("accept_dist",) if with_dist else ()):
         typ = schema.field(name).type
-        cols[name] = _fixed(np.full(n * typ.list_size, -1.0, typ.value_type.to_pandas_dtype()), typ)
+        cols[name] = _fixed(np.full(n * typ.list_size, -1.0, np.float32), typ)
+    cols["candidate_tail"] = tail_array(np.full((n, MAX_DEPTH * (W * W - W)), -1.0, np.float16))
     d = partition_dir(root, "positions", MODEL, DATASET, TEMP[run_key])
     return write_atomic(pa.Table.from_pydict(cols, schema=schema), d / f"{run_key}-{pid[-1]}-w{W}.parquet",
                         "positions")

@@ -131,3 +131,19 @@ def test_per_policy_cost_rows():
     P.call_cost = 0.0
     assert call_seconds(P(), lat) == 0.0
     assert lat.fit_report()["ops"]["policy"]["per_policy_s"] == {"ltd-0123456789": pytest.approx(0.0013)}
+
+
+def test_tabulated_surface_is_the_interpolation_bit_for_bit():
+    from simulator.latency_surface import Surface
+
+    rng = np.random.default_rng(0)
+    x = np.repeat([1, 4, 10, 60, 240], 3)
+    ctx = np.tile([64, 512, 2048], 5)
+    s = Surface(x, ctx, rng.random(15), rng.random(15) * 0.5, 1 + rng.random(15))
+    qx, qc = rng.integers(0, 300, 5000), rng.integers(0, 3000, 5000)
+    for stat in ("median", "p10", "p90"):
+        direct = s._interp(qx.astype(float), qc.astype(float), stat)
+        assert np.array_equal(s(qx, qc, stat), direct)                 # from the table (integer inputs)
+        assert np.array_equal(s(qx.astype(float), qc, stat), direct)   # float inputs: interpolated
+        assert stat in s._tables
+    assert np.array_equal(s(qx + 0.5, qc, "median"), s._interp(qx + 0.5, qc.astype(float), "median"))  # off-grid x

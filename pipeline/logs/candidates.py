@@ -57,8 +57,20 @@ def candidate_tail(candidate_scores: np.ndarray, width: int) -> np.ndarray:
 
 
 def sorted_levels(beam_scores: np.ndarray, tail: np.ndarray) -> np.ndarray:
-    """Version 3 -> [..., Dmax, W*W] float32 per-level sorted, cleaned candidate scores (module doc)."""
-    return sort_desc(np.concatenate([np.asarray(beam_scores, np.float32), np.asarray(tail, np.float32)], axis=-1))
+    """Version 3 -> [..., Dmax, W*W] float32 per-level sorted, cleaned candidate scores (module doc).
+
+    The tail is stored sorted, floored and at or below the level's worst beam, so a level is its sorted
+    beams followed by its tail: no sort of W*W values. Rows where that does not hold (beams that are not
+    the level's best W) are sorted whole, so the result is sort_desc(beams ++ tail) either way."""
+    W = beam_scores.shape[-1]
+    out = np.empty(beam_scores.shape[:-1] + (W + tail.shape[-1],), np.float32)
+    out[..., :W] = sort_desc(beam_scores)
+    out[..., W:] = tail
+    if tail.shape[-1]:
+        bad = tail[..., 0] > out[..., W - 1]
+        if bad.any():
+            out[bad] = sort_desc(out[bad])
+    return out
 
 
 def levels_from_v2(candidate_scores: np.ndarray) -> np.ndarray:

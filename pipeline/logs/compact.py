@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from pipeline.errors import DataError, DraftGymError
 from pipeline.logs.candidates import candidate_tail
-from pipeline.logs.schema import SCHEMA_VERSION, VERSION_KEY, check_file, positions_schema, table_files, write_atomic
+from pipeline.logs.schema import (SCHEMA_VERSION, VERSION_KEY, check_file, positions_schema, table_files, tail_array,
+                                  write_atomic)
 from pipeline.logs.storage import is_uri, local_dir
 
 
@@ -52,7 +53,7 @@ def convert_positions(t: pa.Table, path: Path | str = "") -> pa.Table:
     schema = positions_schema(Dm, W, n_grid, with_dist="accept_dist" in t.column_names)
     cols = {name: t.column(name) for name in t.column_names if name != "candidate_scores"}
     if W > 1:
-        cols["candidate_tail"] = pa.FixedSizeListArray.from_arrays(pa.array(tail), schema.field("candidate_tail").type.list_size)
+        cols["candidate_tail"] = tail_array(tail.reshape(len(t), -1))
     cols["schema_version"] = pa.array(np.full(len(t), SCHEMA_VERSION, np.int16))
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 

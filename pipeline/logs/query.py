@@ -106,10 +106,12 @@ def _duck_type(t: pa.DataType) -> str:
         return _duck_type(t.value_type) + "[]"   # Parquet has no fixed-size list: DuckDB reads a LIST
     simple = {pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
               pa.uint8(): "UTINYINT", pa.uint16(): "USMALLINT", pa.uint32(): "UINTEGER", pa.uint64(): "UBIGINT",
-              pa.float16(): "FLOAT", pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR", pa.large_string(): "VARCHAR",
+              pa.float32(): "FLOAT", pa.float64(): "DOUBLE", pa.string(): "VARCHAR", pa.large_string(): "VARCHAR",
               pa.bool_(): "BOOLEAN"}
     if t in simple:
         return simple[t]
+    if pa.types.is_fixed_size_binary(t) or pa.types.is_binary(t):
+        return "BLOB"                            # candidate_tail: float16 values, little-endian
     raise TypeError(f"no DuckDB type for {t}")
 
 

@@ -15,8 +15,8 @@ and in a `schema_version` column; readers refuse other versions with a one-line 
                 tree (D, W, verify_grid[i]) rooted at p, matched against the logged continuation
     beam_scores [max_depth * W] float32: per depth d, the W beam cumulative log-probs after forward d
                 (d = 1: the root's top-W children); they are the best W of that level's candidates
-    candidate_tail [max_depth * (W*W - W)] float16: per depth, the level's other W*W - W candidate
-                scores, best first, floored at -20 (pipeline/logs/candidates.py). Version 2 stored
+    candidate_tail fixed-size binary, [max_depth, W*W - W] float16 little-endian: per depth, the level's
+                other W*W - W candidate scores, best first, floored at -20 (pipeline/logs/candidates.py). Version 2 stored
                 candidate_scores [max_depth * W * W] float32 (unsorted, NaN where missing) instead.
                 W = 1 (a chain: no candidate below the beam) has no candidate_tail column;
                 both read (`READABLE_VERSIONS`), `draftgym logs compact` rewrites version 2 as 3.
@@ -91,7 +91,7 @@ def positions_schema(max_depth: int, width: int, n_grid: int, with_dist: bool) -
         ("root_token", pa.int32()),
         ("acceptance", pa.list_(pa.uint8(), max_depth * n_grid)),
         ("beam_scores", pa.list_(pa.float32(), max_depth * width)),
-        ("candidate_tail", pa.list_(pa.float16(), max_depth * (width * width - width))),
+        ("candidate_tail", pa.binary(2 * max_depth * (width * width - width))),   # float16 LE [Dmax, W*W - W]
         ("entropy", pa.list_(pa.float32(), max_depth * width)),
     ]
     if width == 1:               # a chain has no candidate below its beam: no tail column
@@ -99,6 +99,24 @@ def positions_schema(max_depth: int, width: int, n_grid: int, with_dist: bool) -
     if with_dist:
         fields.append(("accept_dist", pa.list_(pa.float32(), max_depth * (max_depth + 1))))
     return pa.schema(fields)
+
+
+def tail_array(tail: np.ndarray) -> pa.Array:
+    """[n, ...] float16 candidate tails -> the candidate_tail column: one fixed-size binary value per row,
+    the row's float16 values little-endian (Parquet FIXED_LEN_BYTE_ARRAY: read back with one
+    np.frombuffer, several times faster than a list column of W*W - W values a level)."""
+    t = np.ascontiguousarray(tail, "<f2").reshape(len(tail), -1)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(2 * t.shape[1]), len(t), [None, pa.py_buffer(t.tobytes())])
+
+
+def tail_values(col: pa.Array | pa.ChunkedArray, shape: tuple[int, ...]) -> np.ndarray:
+    """The candidate_tail column -> [n, *shape] float16 (a view of the column's buffer)."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    size = int(np.prod(shape))
+    if arr.type.byte_width != 2 * size:
+        raise ValueError(f"candidate_tail of {arr.type.byte_width} bytes a row, expected {2 * size}")
+    flat = np.frombuffer(arr.buffers()[1], "<f2", count=len(arr) * size, offset=arr.offset * 2 * size)
+    return flat.reshape((len(arr),) + tuple(shape))
 
 
 def positions_table(run_key, prompt_id, position, context_len, width: int, root_token, acceptance, beam_scores,
@@ -120,8 +138,7 @@ def positions_table(run_key, prompt_id, position, context_len, width: int, root_
     cand = np.asarray(candidate_scores, np.float32).reshape(n, Dm, width * width)
     cols = {"acceptance": acceptance, "beam_scores": beam_scores, "candidate_tail": candidate_tail(cand, width),
             "entropy": entropy}
-    if width == 1:
-        cols.pop("candidate_tail")
+    tail = cols.pop("candidate_tail")
     arrays = [pa.array(np.full(n, SCHEMA_VERSION, np.int16)), pa.array(each(run_key), pa.string()),
               pa.array(each(prompt_id), pa.string()), pa.array(np.asarray(position, np.int32)),
               pa.array(np.asarray(context_len, np.int32)), pa.array(np.full(n, width, np.int16)),
@@ -134,6 +151,8 @@ def positions_table(run_key, prompt_id, position, context_len, width: int, root_
         if flat.size != n * typ.list_size:
             raise ValueError(f"{name}: {flat.size} values for {n} rows of {typ.list_size}")
         arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), typ.list_size))
+    if width > 1:
+        arrays.insert(9, tail_array(tail))
     if accept_dist is not None and not isinstance(accept_dist, np.ndarray):   # null: subsampled out (--dist-every)
         arrays.append(pa.array([None if d is None else np.asarray(d).ravel().tolist() for d in accept_dist],
                                type=schema.field("accept_dist").type))

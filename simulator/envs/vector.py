@@ -239,7 +239,7 @@ class RespsEnv(_ReplayCore):
             self.has_last[i] = True
             for Wv in np.unique(W[i]):
                 m = W[i] == Wv
-                cs = self.logs.w[int(Wv)].candidate_scores[out["rows"][m], 0, : min(int(Wv), obs.RESPS_ROOT_K)]
+                cs = self.logs.w[int(Wv)].root_scores(out["rows"][m], min(int(Wv), obs.RESPS_ROOT_K))
                 self.last_root[i[m]] = np.nan
                 self.last_root[i[m], : cs.shape[1]] = cs
             end = out["terminated"] | out["truncated"]

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import DataError
+from pipeline.logs.candidates import sort_desc, sorted_levels
 from simulator.logs.read import LogRows, SequenceColumns, read_logs
 
 
@@ -36,19 +37,40 @@ class WidthArrays:
     width: int
     acceptance: np.ndarray         # [N, Dmax, G] uint8
     beam_scores: np.ndarray        # [N, Dmax, W]
-    candidate_scores: np.ndarray   # [N, Dmax, W*W] per level: sorted best first, floored (candidates.py)
+    levels: np.ndarray | None      # [N, Dmax, W*W] sorted candidate levels, or None until first read (from tail)
     entropy: np.ndarray            # [N, Dmax, W]
     accept_dist: np.ndarray | None = None   # [N, Dmax, Dmax+1] (NaN rows where not logged)
+    tail: np.ndarray | None = None          # [N, Dmax, W*W - W] float16 (schema version 3) while levels is None
 
-    def take(self, rows: np.ndarray) -> "WidthArrays":
-        return WidthArrays(self.width, self.acceptance[rows], self.beam_scores[rows], self.candidate_scores[rows],
-                           self.entropy[rows], None if self.accept_dist is None else self.accept_dist[rows])
+    @property
+    def candidate_scores(self) -> np.ndarray:
+        """[N, Dmax, W*W] float32 per level: sorted best first, floored (pipeline/logs/candidates.py). Version-3
+        logs keep the float16 tail (2,160 bytes a position at W = 10, not 4,800) until this is first read:
+        replay without a policy that reads candidates (static, grid-best, oracle, DDD, entropy, RADAR) never
+        builds it."""
+        if self.levels is None:
+            self.levels, self.tail = sorted_levels(self.beam_scores, self.tail), None
+        return self.levels
 
     @property
     def sorted_candidates(self) -> np.ndarray:
-        """[N, Dmax, W*W] = `observations.sort_levels(candidate_scores)`: the logs hold them sorted already
-        (the order within a level is not kept: nothing reads it)."""
+        """= `observations.sort_levels(candidate_scores)`: the logs hold them sorted already (the order
+        within a level is not kept: nothing reads it)."""
         return self.candidate_scores
+
+    def root_scores(self, rows: np.ndarray, k: int) -> np.ndarray:
+        """[len(rows), k] = candidate_scores[rows, 0, :k]: the root's best children, which are level 1's
+        beams (read from the beams while the levels are not built)."""
+        if self.levels is not None:
+            return self.levels[rows, 0, :k]
+        return sort_desc(self.beam_scores[rows, 0])[:, :k]
+
+    def take(self, rows: np.ndarray) -> "WidthArrays":
+        lazy = self.levels is None
+        return WidthArrays(self.width, self.acceptance[rows], self.beam_scores[rows],
+                           None if lazy else self.levels[rows], self.entropy[rows],
+                           None if self.accept_dist is None else self.accept_dist[rows],
+                           self.tail[rows] if lazy else None)
 
 
 @dataclass
@@ -242,6 +264,16 @@ def _width_arrays(a: dict[str, list], W: int, sq: SequenceColumns):
     expect = np.arange(len(pos)) - np.repeat(offsets[:-1], need_len)
     if not np.array_equal(pos, expect):
         raise DataError(f"duplicate or missing positions in width-{W} rows")
-    cat = lambda k: np.concatenate(a[k])[order]
+    identity = len(order) == sum(len(x) for x in a["seq"]) and np.array_equal(order, np.arange(len(order)))
+
+    def cat(k):                   # rows in (sequence, position) order; no copy when they already are
+        x = a[k][0] if len(a[k]) == 1 else np.concatenate(a[k])
+        return x if identity else x[order]
+
     dist = None if any(x is None for x in a["dist"]) else cat("dist")
-    return WidthArrays(W, cat("acc"), cat("beam"), cat("cand"), cat("ent"), dist), (seq_i, pos, ctx, offsets)
+    if any(c is None for c in a["cand"]) and not all(c is None for c in a["cand"]):    # version 2 and 3 files
+        a["cand"] = [sorted_levels(b, t) if c is None else c for b, t, c in zip(a["beam"], a["tail"], a["cand"])]
+    lazy = a["cand"][0] is None
+    arrays = WidthArrays(W, cat("acc"), cat("beam"), None if lazy else cat("cand"), cat("ent"), dist,
+                         cat("tail") if lazy else None)
+    return arrays, (seq_i, pos, ctx, offsets)

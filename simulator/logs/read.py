@@ -5,8 +5,9 @@ Layout (pipeline/logs/schema.py): <logs>/{sequences,positions}/model=M/dataset=D
 checks that they share one collection config (max_depth, verify grid) and the wanted widths, and reads
 the positions rows of those sequences per width, as numpy arrays in file order:
 
-    acc  [n, Dmax, G] uint8     beam [n, Dmax, W] float32     cand [n, Dmax, W*W] float32 (per level:
-    ent  [n, Dmax, W] float32   sorted best first, floored; from either schema version, candidates.py)
+    acc  [n, Dmax, G] uint8     beam [n, Dmax, W] float32     ent [n, Dmax, W] float32
+    cand [n, Dmax, W*W] float32 per level sorted best first, floored (version 2), or None and
+    tail [n, Dmax, W*W - W] float16 (version 3; pipeline/logs/candidates.py)
     dist [n, Dmax, Dmax+1] float32 or None (not logged)
 
 simulator.logs.load orders them by (sequence, position), checks the coverage and builds ReplayLogs.
@@ -24,8 +25,8 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.errors import DataError
-from pipeline.logs.candidates import levels_from_v2, sorted_levels
-from pipeline.logs.schema import read_table
+from pipeline.logs.candidates import levels_from_v2
+from pipeline.logs.schema import read_table, tail_values
 from pipeline.logs.storage import local_dir
 
 
@@ -104,10 +105,12 @@ class LogSelection:
     def where(self) -> str:
         return f"model={self.model} temperature={self.temperature:g}"
 
-    def read(self, files: list[Path]) -> LogRows:
+    def read(self, files: list[Path], scores: bool = True) -> LogRows:
+        """These files' rows (scores=False: acceptance only, see _read_positions)."""
         if not files:
             raise DataError(f"no positions shards for {self.where} under {self.root}/positions")
-        rows = _read_positions(files, self.widths, self.sequences.key_to_seq, self.max_depth, len(self.verify_grid))
+        rows = _read_positions(files, self.widths, self.sequences.key_to_seq, self.max_depth, len(self.verify_grid),
+                               scores)
         return LogRows(model=self.model, temperature=self.temperature, dtype=self.dtype, max_depth=self.max_depth,
                        verify_grid=self.verify_grid, width=self.width, sequences=self.sequences, splits=self.splits,
                        positions=rows)
@@ -275,14 +278,19 @@ _POSITION_COLUMNS = {"run_key", "prompt_id", "position", "context_len", "width",
 _CANDIDATES = ("candidate_tail", "candidate_scores")     # version 3, version 2 (pipeline/logs/candidates.py)
 
 
-def _read_positions(files: list[Path], want: list[int], key_to_seq: dict, Dm: int, G: int) -> dict[int, dict[str, list]]:
+_ACCEPTANCE_ONLY = ["run_key", "prompt_id", "position", "context_len", "width", "acceptance"]
+
+
+def _read_positions(files: list[Path], want: list[int], key_to_seq: dict, Dm: int, G: int,
+                    scores: bool = True) -> dict[int, dict[str, list]]:
     """The rows of the selected sequences in these positions files, per width: {W: {"seq", "pos", "ctx",
-    "acc", "beam", "cand", "ent", "dist": [one array per file]}}, in file order."""
-    rows: dict[int, dict[str, list]] = {W: {k: [] for k in ("seq", "pos", "ctx", "acc", "beam", "cand", "ent",
-                                                                "dist")} for W in want}
+    "acc", "beam", "cand", "ent", "dist": [one array per file]}}, in file order. scores=False reads
+    acceptance only (static replay, grid search, the oracle): the score arrays are [n, Dmax, 0]."""
+    rows: dict[int, dict[str, list]] = {W: {k: [] for k in ("seq", "pos", "ctx", "acc", "beam", "cand", "tail",
+                                                                "ent", "dist")} for W in want}
     for f in files:
-        t = read_table(f, "positions")
-        names = set(t.column_names)
+        t = read_table(f, "positions", columns=None if scores else _ACCEPTANCE_ONLY)
+        names = set(t.column_names) | (set() if scores else _POSITION_COLUMNS | {_CANDIDATES[0]})
         wcol = np.asarray(t.column("width").to_numpy(), np.int64) if "width" in names else None
         chain = wcol is not None and len(wcol) and (wcol == 1).all()       # W = 1 has no candidate_tail
         if not _POSITION_COLUMNS <= names or not (names & set(_CANDIDATES) or chain):
@@ -309,6 +317,23 @@ def _fixed_list(col: pa.ChunkedArray | pa.Array, shape: tuple[int, ...], dtype) 
     return out
 
 
+def _scores(tw: pa.Table, W: int, Dm: int, has_dist: bool):
+    """beam [n, Dm, W]; the candidates as (sorted levels [n, Dm, W*W] float32, None) from version 2, or as
+    (None, tail [n, Dm, W*W - W] float16) from version 3 (load.WidthArrays builds the levels when read);
+    entropy [n, Dm, W]; accept_dist or None."""
+    beam = _fixed_list(tw.column("beam_scores"), (Dm, W), np.float32)
+    cand, tail = None, None
+    if "candidate_tail" in tw.column_names:
+        tail = tail_values(tw.column("candidate_tail"), (Dm, W * W - W)).copy()     # off the Arrow buffer
+    elif "candidate_scores" in tw.column_names:
+        cand = levels_from_v2(_fixed_list(tw.column("candidate_scores"), (Dm, W * W), np.float32))
+    else:                                                               # W = 1: no candidate below the beam
+        tail = np.zeros((len(tw), Dm, 0), np.float16)
+    ent = _fixed_list(tw.column("entropy"), (Dm, W), np.float32)
+    dist = _fixed_list(tw.column("accept_dist"), (Dm, Dm + 1), np.float32) if has_dist else None
+    return beam, cand, tail, ent, dist
+
+
 def _add_width_rows(a: dict[str, list], tw: pa.Table, W: int, key_to_seq: dict, Dm: int, G: int, f: Path,
                     has_dist: bool) -> None:
     """Append one file's width-W rows of the selected sequences to `a` (rows of other sequences skipped)."""
@@ -321,19 +346,15 @@ def _add_width_rows(a: dict[str, list], tw: pa.Table, W: int, key_to_seq: dict, 
         tw, sidx = tw.filter(pa.array(sel)), sidx[sel]
     try:
         acc = _fixed_list(tw.column("acceptance"), (Dm, G), np.uint8)
-        beam = _fixed_list(tw.column("beam_scores"), (Dm, W), np.float32)
-        if W == 1 and "candidate_scores" not in tw.column_names:
-            cand = sorted_levels(beam, np.zeros((len(tw), Dm, 0), np.float16))
-        elif "candidate_tail" in tw.column_names:
-            cand = sorted_levels(beam, _fixed_list(tw.column("candidate_tail"), (Dm, W * W - W), np.float16))
-        else:
-            cand = levels_from_v2(_fixed_list(tw.column("candidate_scores"), (Dm, W * W), np.float32))
-        ent = _fixed_list(tw.column("entropy"), (Dm, W), np.float32)
-        dist = _fixed_list(tw.column("accept_dist"), (Dm, Dm + 1), np.float32) if has_dist else None
+        if "beam_scores" in tw.column_names:
+            beam, cand, tail, ent, dist = _scores(tw, W, Dm, has_dist)
+        else:                                                           # acceptance only (scores=False)
+            beam = cand = ent = np.zeros((len(tw), Dm, 0), np.float32)
+            tail, dist = None, None
     except ValueError as e:
         raise DataError(f"{f}: list sizes do not match max_depth={Dm}, W={W}, grid={G} ({e})") from None
     a["seq"].append(sidx)
     a["pos"].append(np.asarray(tw.column("position").to_numpy(), np.int64))
     a["ctx"].append(np.asarray(tw.column("context_len").to_numpy(), np.int64))
-    a["acc"].append(acc); a["beam"].append(beam); a["cand"].append(cand); a["ent"].append(ent)
-    a["dist"].append(dist)
+    a["acc"].append(acc); a["beam"].append(beam); a["cand"].append(cand); a["tail"].append(tail)
+    a["ent"].append(ent); a["dist"].append(dist)

@@ -84,19 +84,21 @@ class LogSource:
             raise DataError(f"no positions shards for {self.sel.where} under {self.sel.root}/positions")
         return out
 
-    def read(self, groups: list[FileGroup]) -> ReplayLogs:
-        """The ReplayLogs of the selected sequences with rows in these groups."""
-        return assemble(self.sel.read([f for g in groups for f in g.files]), only_present=True)
+    def read(self, groups: list[FileGroup], scores: bool = True) -> ReplayLogs:
+        """The ReplayLogs of the selected sequences with rows in these groups (scores=False: acceptance
+        only, the score arrays [n, Dmax, 0]: for static replay, grid search and the oracle)."""
+        return assemble(self.sel.read([f for g in groups for f in g.files], scores), only_present=True)
 
-    def chunks(self, max_positions: int = DEFAULT_MAX_POSITIONS, desc: str = "read logs") -> Iterator[ReplayLogs]:
+    def chunks(self, max_positions: int = DEFAULT_MAX_POSITIONS, desc: str = "read logs",
+               scores: bool = True) -> Iterator[ReplayLogs]:
         """Every selected sequence once, in chunks of at most max_positions rows (module doc)."""
         from tqdm import tqdm
 
         seen = np.zeros(self.n_sequences, bool)
         total = sum(g.rows for g in self.groups)
         bar = tqdm(total=total, desc=desc, unit="pos", unit_scale=True, disable=not self.progress, mininterval=2)
-        for pack in _pack(self.groups, max_positions):
-            logs = self.read(pack)
+        for pack in pack_groups(self.groups, max_positions):
+            logs = self.read(pack, scores)
             if seen[logs.source_index].any():
                 raise DataError(f"sequence {logs.prompt_id[np.flatnonzero(seen[logs.source_index])[0]]} has rows "
                                 f"in more than one shard group")
@@ -129,6 +131,7 @@ class LogSource:
         logs = self.read(picked)
         order = np.argsort(logs.source_index, kind="stable")       # selection order, as load_logs
         logs = logs.subset(order)
+        logs.notes = list(self.notes)
         if self.progress and len(picked) < len(self.groups):
             dt = time.perf_counter() - t0
             print(f"replay window: {logs.n_positions:,} of {self.n_positions:,} positions "
@@ -137,7 +140,8 @@ class LogSource:
         return logs
 
 
-def _pack(groups: list[FileGroup], max_positions: int) -> Iterator[list[FileGroup]]:
+def pack_groups(groups: list[FileGroup], max_positions: int) -> Iterator[list[FileGroup]]:
+    """The groups in order, packed into lists of at most max_positions rows (a larger group alone)."""
     pack, rows = [], 0
     for g in groups:
         if pack and rows + g.rows > max_positions:

@@ -39,6 +39,7 @@ import numpy as np
 
 from pipeline.cliargs import comma_list, parse_positive_ints
 from pipeline.errors import DataError, DraftGymError
+from simulator.logs.stream import DEFAULT_MAX_POSITIONS
 from simulator.serving import arrivals as arr
 from simulator.serving import metrics
 from simulator.serving import shapes as S
@@ -81,6 +82,7 @@ class ServeEvalConfig:
     profile: str | None = None
     latency: str | None = None
     as_json: bool = False
+    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
 
 
 def make_arrivals(cfg: ServeEvalConfig, logs, lat) -> tuple[np.ndarray, dict]:

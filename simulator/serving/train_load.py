@@ -47,6 +47,7 @@ import numpy as np
 
 from pipeline.cliargs import parse_positive_ints
 from pipeline.errors import DataError, DraftGymError
+from simulator.logs.stream import DEFAULT_MAX_POSITIONS
 from simulator.policies.checkpoint import save_policy
 from simulator.policies.resps_load import LoadAwarePolicy
 from simulator.serving import arrivals as arr
@@ -106,6 +107,7 @@ class LoadTrainConfig:
         amp="off"))                       # nets this small gain nothing from bf16 (its casts cost more)
     ltd: LTDLoadConfig = field(default_factory=LTDLoadConfig)          # --method ltd (W, Dmax, V grid, PPO)
     radar: RadarLoadConfig = field(default_factory=RadarLoadConfig)    # --method radar (W, Dmax, V(D), REINFORCE)
+    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
 
 
 def resolve_method(method: str) -> str:
@@ -164,8 +166,8 @@ def train_load(cfg: LoadTrainConfig) -> dict:
                             f"--max-depth")
     if cfg.objective not in OBJECTIVES:
         raise DraftGymError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {cfg.objective!r}")
-    train, lat = load_inputs(cfg, cfg.split)
-    val, _ = load_inputs(cfg, cfg.val_split)
+    train, lat = load_inputs(cfg, cfg.split, cfg.seed)
+    val, _ = load_inputs(cfg, cfg.val_split, cfg.seed)
     if train.n_sequences == 0 or val.n_sequences == 0:
         raise DataError(f"no sequences in split {cfg.split!r} or validation split {cfg.val_split!r}")
     sched = tune(train, lat, parse_positive_ints(cfg.tune_batches, "--tune-batches"),

@@ -37,7 +37,7 @@ import numpy as np
 from pipeline.cliargs import parse_positive_ints
 from pipeline.errors import DataError
 from simulator.latency_model import LatencyModel
-from simulator.logs.load import load_logs
+from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
 from simulator.serving import shapes as S
 from simulator.serving.replay import ShapeTable, closed_batch
 from simulator.serving.schedule import Schedule
@@ -61,12 +61,19 @@ class TuneConfig:
     latency: str | None = None            # root holding latency/ (default: --logs)
     plot: str | None = None               # PNG of tokens/s against B per shape
     as_json: bool = False                 # print one JSON object
+    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
 
 
-def load_inputs(cfg, split: str | None = None):
-    """(logs of the split, every width, the latency model of the logs' dtype) for a tune / serve-eval config."""
-    logs = load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset,
-                     split=split or cfg.split, widths="all", dtype=cfg.dtype)
+def load_inputs(cfg, split: str | None = None, seed: int = 0):
+    """(logs of the split, every width, the latency model of the logs' dtype) for a tune / serve-eval /
+    train-load config: the whole split, or a window of cfg.max_positions_in_memory positions drawn with
+    `seed` when it is larger (simulator.logs.stream.LogSource.sample)."""
+    src = LogSource(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset,
+                    split=split or cfg.split, widths="all", dtype=cfg.dtype, progress=False)
+    logs = src.sample(cfg.max_positions_in_memory, seed=seed)
+    if logs.n_positions < src.n_positions:
+        print(f"note: a window of {logs.n_positions:,} of the split's {src.n_positions:,} positions "
+              f"(--max-positions-in-memory {cfg.max_positions_in_memory:,}, seed {seed})", file=sys.stderr)
     lat = LatencyModel.from_logs(cfg.latency or cfg.logs, model=logs.model, profile=cfg.profile, dtype=logs.dtype,
                                  trust=True)
     if lat.meta.get("trust_note"):             # stderr: a --json stdout stays one object
