@@ -12,6 +12,7 @@ import argparse
 
 from pipeline.cliargs import (DTYPES, add_json, add_no_progress, comma_list, config_from_args, parse_positive_ints,
                               set_command)
+from pipeline.errors import DraftGymError
 
 METHODS = ["radar", "ltd", "resps"]
 
@@ -166,13 +167,21 @@ def add_synth(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--latency-batches", default="1",
                    help="comma-separated batch sizes of the latency rows (batch 1 always), e.g. 1,2,4,8,16")
     p.add_argument("--seed", type=int, default=0, help="random seed of the synthetic data")
+    p.add_argument("--new-tokens", default=None, help="LO,HI: new tokens per sequence, uniform (default 40,96)")
+    p.add_argument("--shard-sequences", type=int, default=None,
+                   help="sequences per shard, written in parallel and resumable (default: one shard per dataset)")
+    p.add_argument("--workers", type=int, default=1, help="processes writing shards (with --shard-sequences)")
+    add_no_progress(p)
     set_command(p, _synth_config, "simulator.logs.synthetic:run_synth_logs_command")
 
 
 def _synth_config(args):
     from simulator.logs.synthetic import SyntheticConfig, SynthLogsConfig
 
-    data = config_from_args(SyntheticConfig, args, widths=parse_positive_ints(args.widths, "--widths"),
+    extra = {} if args.new_tokens is None else {"new_tokens": parse_positive_ints(args.new_tokens, "--new-tokens")}
+    if len(extra.get("new_tokens", (0, 0))) != 2:
+        raise DraftGymError(f"--new-tokens takes LO,HI, got {args.new_tokens!r}")
+    data = config_from_args(SyntheticConfig, args, widths=parse_positive_ints(args.widths, "--widths"), **extra,
                             latency_profile=None if args.latency_profile == "none" else args.latency_profile,
                             latency_batches=parse_positive_ints(args.latency_batches, "--latency-batches"))
     return config_from_args(SynthLogsConfig, args, data=data)

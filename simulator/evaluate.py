@@ -23,8 +23,9 @@ from pipeline.errors import DataError, DraftGymError
 from simulator import baselines as B
 from simulator.latency_model import LatencyModel
 from simulator.logs.load import ReplayLogs
+from simulator.logs.read import NO_CANDIDATES
 from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
-from simulator.policy_specs import load_policy, parse_spec
+from simulator.policy_specs import CHECKPOINT, load_policy, parse_spec
 from simulator.policies.base import Policy, Shape
 from simulator.replay import SimResult, autoregressive, concat_results, simulate
 
@@ -157,8 +158,9 @@ def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | N
         fit_logs = train if train.n_sequences else window.select(tune)
     plan = Plan(split, list(policies or []), lat, per_ds, gs["by_dataset"]["all"]["config"], fit_logs)
 
-    # pass 2: every method on the evaluated split
-    outs = [o for o in each(partial(eval_part, plan=plan), "evaluate") if o]
+    # pass 2: every method on the evaluated split (the candidates are read only for checkpoints: LTD reads them)
+    need = any(parse_spec(spec)[0] == CHECKPOINT for spec in policies or [])
+    outs = [o for o in each(partial(eval_part, plan=plan), "evaluate", scores=True if need else NO_CANDIDATES) if o]
     if not outs:
         raise DataError(f"no sequences in split {split!r} (splits: {have})")
     res = {name: concat_results([o["results"][name] for o in outs]) for name in outs[0]["results"]}

@@ -49,6 +49,9 @@ class WidthArrays:
         replay without a policy that reads candidates (static, grid-best, oracle, DDD, entropy, RADAR) never
         builds it."""
         if self.levels is None:
+            if self.tail.dtype == object:
+                raise RuntimeError("these logs were read without their candidates (read.NO_CANDIDATES): "
+                                   "a policy that reads candidate scores needs them read")
             self.levels, self.tail = sorted_levels(self.beam_scores, self.tail), None
         return self.levels
 
@@ -186,6 +189,8 @@ class ReplayLogs:
             keep &= np.isin(self.split, splits)
         if datasets:
             keep &= np.isin(self.dataset, list(datasets))
+        if keep.all():                   # everything: the same arrays, no copy (a 500k-row chunk is GBs)
+            return replace(self, notes=list(self.notes))
         return self.subset(keep)
 
     def with_width(self, width: int) -> "ReplayLogs":
@@ -268,6 +273,7 @@ def _width_arrays(a: dict[str, list], W: int, sq: SequenceColumns):
 
     def cat(k):                   # rows in (sequence, position) order; no copy when they already are
         x = a[k][0] if len(a[k]) == 1 else np.concatenate(a[k])
+        a[k] = []                     # the per-file arrays are freed as soon as they are joined
         return x if identity else x[order]
 
     dist = None if any(x is None for x in a["dist"]) else cat("dist")

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from pipeline.errors import DataError
 from pipeline.logs.candidates import levels_from_v2
-from pipeline.logs.schema import read_table, tail_values
+from pipeline.logs.schema import check_file, read_table, tail_values
 from pipeline.logs.storage import local_dir
 
 
@@ -105,8 +105,9 @@ class LogSelection:
     def where(self) -> str:
         return f"model={self.model} temperature={self.temperature:g}"
 
-    def read(self, files: list[Path], scores: bool = True) -> LogRows:
-        """These files' rows (scores=False: acceptance only, see _read_positions)."""
+    def read(self, files: list[Path], scores: bool | str = True) -> LogRows:
+        """These files' rows (scores=False: acceptance only; NO_CANDIDATES: all but the candidates;
+        see _read_positions)."""
         if not files:
             raise DataError(f"no positions shards for {self.where} under {self.root}/positions")
         rows = _read_positions(files, self.widths, self.sequences.key_to_seq, self.max_depth, len(self.verify_grid),
@@ -279,18 +280,22 @@ _CANDIDATES = ("candidate_tail", "candidate_scores")     # version 3, version 2 
 
 
 _ACCEPTANCE_ONLY = ["run_key", "prompt_id", "position", "context_len", "width", "acceptance"]
+NO_CANDIDATES = "no-candidates"     # scores= value: beams and entropy, not the candidates (heuristic replay)
 
 
 def _read_positions(files: list[Path], want: list[int], key_to_seq: dict, Dm: int, G: int,
-                    scores: bool = True) -> dict[int, dict[str, list]]:
+                    scores: bool | str = True) -> dict[int, dict[str, list]]:
     """The rows of the selected sequences in these positions files, per width: {W: {"seq", "pos", "ctx",
     "acc", "beam", "cand", "ent", "dist": [one array per file]}}, in file order. scores=False reads
-    acceptance only (static replay, grid search, the oracle): the score arrays are [n, Dmax, 0]."""
+    acceptance only (static replay, grid search, the oracle): the score arrays are [n, Dmax, 0].
+    scores=NO_CANDIDATES reads all but the candidates (WidthArrays.candidate_scores then raises)."""
     rows: dict[int, dict[str, list]] = {W: {k: [] for k in ("seq", "pos", "ctx", "acc", "beam", "cand", "tail",
                                                                 "ent", "dist")} for W in want}
     for f in files:
-        t = read_table(f, "positions", columns=None if scores else _ACCEPTANCE_ONLY)
-        names = set(t.column_names) | (set() if scores else _POSITION_COLUMNS | {_CANDIDATES[0]})
+        if scores == NO_CANDIDATES:
+            cols = [n for n in check_file(f, "positions").schema_arrow.names if n not in _CANDIDATES]
+        t = read_table(f, "positions", columns=None if scores is True else cols if scores else _ACCEPTANCE_ONLY)
+        names = set(t.column_names) | (set() if scores is True else _POSITION_COLUMNS | {_CANDIDATES[0]})
         wcol = np.asarray(t.column("width").to_numpy(), np.int64) if "width" in names else None
         chain = wcol is not None and len(wcol) and (wcol == 1).all()       # W = 1 has no candidate_tail
         if not _POSITION_COLUMNS <= names or not (names & set(_CANDIDATES) or chain):
@@ -327,8 +332,10 @@ def _scores(tw: pa.Table, W: int, Dm: int, has_dist: bool):
         tail = tail_values(tw.column("candidate_tail"), (Dm, W * W - W)).copy()     # off the Arrow buffer
     elif "candidate_scores" in tw.column_names:
         cand = levels_from_v2(_fixed_list(tw.column("candidate_scores"), (Dm, W * W), np.float32))
-    else:                                                               # W = 1: no candidate below the beam
+    elif W == 1:                                                        # no candidate below the beam
         tail = np.zeros((len(tw), Dm, 0), np.float16)
+    else:                                                               # not read (NO_CANDIDATES)
+        tail = np.full(len(tw), None, object)
     ent = _fixed_list(tw.column("entropy"), (Dm, W), np.float32)
     dist = _fixed_list(tw.column("accept_dist"), (Dm, Dm + 1), np.float32) if has_dist else None
     return beam, cand, tail, ent, dist

@@ -364,8 +364,10 @@ class SynthLogsConfig:
 
     out: str = ""                                            # output logs root (required)
     data: SyntheticConfig = field(default_factory=SyntheticConfig)
+    workers: int = 1                                         # processes writing shards (data.shard_sequences)
+    progress: bool = True
 
 
 def run_synth_logs_command(cfg: SynthLogsConfig) -> int:
-    print(json.dumps(write_synthetic_logs(cfg.out, cfg.data)))
+    print(json.dumps(write_synthetic_logs(cfg.out, cfg.data, workers=cfg.workers, progress=cfg.progress)))
     return 0
