@@ -352,8 +352,11 @@ class LatencyModel:
     def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None,
                   point: str = "mean", device: str | None = None, dtype: str | None = None,
                   batch_interp: str = "linear", trust: bool = False) -> "LatencyModel":
-        """All latency shards under <root>/latency (any partitioning), checked reads."""
-        files = table_files(root, "latency")
+        """All latency shards under <root>/latency (any partitioning), checked reads. An object-store root:
+        its latency table mirrored locally (only that table)."""
+        from pipeline.logs.storage import local_dir
+
+        files = table_files(local_dir(root, "the latency model", tables=("latency",)), "latency")
         if not files:
             raise DataError(f"no latency table under {root}/latency (run `draftgym profile` or pass --latency)")
         rows = []

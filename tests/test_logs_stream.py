@@ -77,6 +77,11 @@ def test_replay_window_is_seeded_and_keeps_the_mix(root):
     assert a.train.n_positions + a.val.n_positions <= budget + 4 * 39
     assert sorted(set(a.train.dataset.tolist())) == sorted(CFG.datasets)   # every dataset kept
     assert any("replay window" in n for n in a.notes)
+    first, val = a.train.prompt_id.copy(), a.val.prompt_id.copy()
+    assert a.window(0) is a.train and full.window(3) is full.train         # phase 0, and logs that fit: no refill
+    w1 = a.window(1)                                                      # LTD's next phase: a new draw
+    assert w1 is a.train and set(w1.split.tolist()) == {"train"} and not np.array_equal(w1.prompt_id, first)
+    assert np.array_equal(b.window(1).prompt_id, w1.prompt_id) and np.array_equal(a.val.prompt_id, val)
 
 
 def test_a_truncated_shard_is_one_line(root, tmp_path):

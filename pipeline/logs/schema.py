@@ -312,12 +312,13 @@ def write_atomic(table: pa.Table, path: str | Path, table_name: str, filesystem=
     return atomic_write(Path(path), write)
 
 
-def check_file(path: str | Path, table_name: str | None = None) -> pq.ParquetFile:
+def check_file(path: str | Path, table_name: str | None = None, filesystem=None) -> pq.ParquetFile:
     """Open a Parquet shard, raising DataError (one line, naming the file) if it is truncated,
-    corrupt, not ours, or of another schema version."""
-    path = Path(path)
+    corrupt, not ours, or of another schema version. filesystem: a pyarrow FileSystem `path` is on
+    (an object store); None: a local path."""
+    path = Path(path) if filesystem is None else str(path)
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path if filesystem is None else filesystem.open_input_file(path))
     except FileNotFoundError:
         raise DataError(f"no such file: {path}") from None
     except (pa.ArrowInvalid, OSError) as e:
@@ -334,8 +335,9 @@ def check_file(path: str | Path, table_name: str | None = None) -> pq.ParquetFil
     return pf
 
 
-def read_table(path: str | Path, table_name: str | None = None, columns: list[str] | None = None) -> pa.Table:
-    pf = check_file(path, table_name)
+def read_table(path: str | Path, table_name: str | None = None, columns: list[str] | None = None,
+               filesystem=None) -> pa.Table:
+    pf = check_file(path, table_name, filesystem)
     try:
         return pf.read(columns=columns)
     except (pa.ArrowInvalid, OSError) as e:

@@ -48,14 +48,17 @@ def resolve_out(out: str | Path) -> "LogStore":
     return LogStore(fs, path.rstrip("/"), out)
 
 
-def local_dir(path: str | Path, what: str = "this command") -> Path:
+def local_dir(path: str | Path, what: str = "this command", tables: tuple[str, ...] | None = None) -> Path:
     """A readers' logs root: a local path, a file:// URI as a path, or an object-store URI as an
-    up-to-date local mirror (`mirror_logs`)."""
-    if not is_uri(path):
-        return Path(path)
-    if str(path).startswith("file://"):
-        return Path(resolve_out(path).root)
-    return mirror_logs(str(path), what=what)
+    up-to-date local mirror (`mirror_logs`; `tables`: of those tables only)."""
+    if not is_remote(path):
+        return Path(resolve_out(path).root) if is_uri(path) else Path(path)
+    return mirror_logs(str(path), what=what, tables=tables)
+
+
+def is_remote(path: str | Path) -> bool:
+    """An object-store URI (s3://, gs://, ...): not a local path, not file://."""
+    return is_uri(path) and not str(path).startswith("file://")
 
 
 def mirror_dir(uri: str) -> Path:
@@ -70,12 +73,15 @@ def mirror_dir(uri: str) -> Path:
     return cache_dir() / "logs-mirror" / f"{slug}-{hashlib.sha1(uri.encode()).hexdigest()[:8]}"
 
 
-def mirror_logs(uri: str, what: str = "this command", progress: bool = True) -> Path:
+def mirror_logs(uri: str, what: str = "this command", progress: bool = True,
+                tables: tuple[str, ...] | None = None) -> Path:
     """Bring the local mirror of the logs under `uri` up to date and return its path.
 
     Files are compared by size and modification time (recorded in the mirror's `.index.json`); new
     or changed ones are downloaded (to a temp name, then renamed), and local files whose key is gone
-    are deleted. An unreachable store or a missing prefix is a one-line DraftGymError."""
+    are deleted. `tables`: only those tables' files (the streamed readers mirror `sequences` and
+    `latency` and read positions shards from the store itself). An unreachable store or a missing
+    prefix is a one-line DraftGymError."""
     from tqdm import tqdm
 
     store = resolve_out(uri)
@@ -89,13 +95,14 @@ def mirror_logs(uri: str, what: str = "this command", progress: bool = True) -> 
     index_path = local / ".index.json"
     index = json.loads(index_path.read_text()) if index_path.is_file() else {}
     remote = {}
+    mine = lambda rel: tables is None or rel.split("/", 1)[0] in tables
     for i in infos:
         rel = i.path[len(store.root):].lstrip("/")
-        if not rel or any(part.startswith(".") for part in rel.split("/")):
-            continue                                     # temp files of a writer in progress
+        if not rel or any(part.startswith(".") for part in rel.split("/")) or not mine(rel):
+            continue                                     # temp files of a writer in progress; other tables
         remote[rel] = [i.size, i.mtime_ns]
     todo = [r for r, sig in remote.items() if index.get(r) != sig or not (local / r).is_file()]
-    for rel in [r for r in index if r not in remote]:    # gone from the store
+    for rel in [r for r in index if r not in remote and mine(r)]:    # gone from the store
         (local / rel).unlink(missing_ok=True)
         index.pop(rel)
     for rel in tqdm(todo, desc=f"mirror {bare}", unit="file", disable=not progress or len(todo) < 20):

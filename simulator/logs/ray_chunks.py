@@ -7,10 +7,10 @@ once) and `fn`'s small per-sequence answers travel. Results come back in chunk o
 sequences back in the logs' order by `source_index` (simulator.evaluate), so the figures equal one box's.
 
 Ray is started as `draftgym collect` starts it (`pipeline.collect.cluster.init_ray`: embedded and local,
-or RAY_ADDRESS with this checkout shipped as the job's runtime_env). The tasks open the shards by path:
-on a cluster the logs must be on a filesystem every node mounts at the same path (or a file:// URI of
-one); an s3:// or gs:// root is mirrored to the driver's local cache (`pipeline.logs.storage.local_dir`),
-which other nodes do not see.
+or RAY_ADDRESS with this checkout shipped as the job's runtime_env). The tasks open their shards by
+path: logs on an object store (s3://, gs://) are read from the store by each task (the selection
+carries the store: `simulator.logs.read.LogSelection.store`); local logs must be on a filesystem every
+node mounts at the same path.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +27,7 @@ import pyarrow as pa
 from pipeline.errors import DataError
 from pipeline.logs.candidates import levels_from_v2
 from pipeline.logs.schema import check_file, read_table, tail_values
-from pipeline.logs.storage import local_dir
+from pipeline.logs.storage import LogStore, is_remote, local_dir, resolve_out
 
 
 @dataclass
@@ -100,6 +100,7 @@ class LogSelection:
     widths: list[int]
     sequences: SequenceColumns
     splits: np.ndarray
+    store: LogStore | None = None        # an object store: positions shards are read from it, not mirrored
 
     @property
     def where(self) -> str:
@@ -111,7 +112,7 @@ class LogSelection:
         if not files:
             raise DataError(f"no positions shards for {self.where} under {self.root}/positions")
         rows = _read_positions(files, self.widths, self.sequences.key_to_seq, self.max_depth, len(self.verify_grid),
-                               scores)
+                               scores, None if self.store is None else self.store.fs)
         return LogRows(model=self.model, temperature=self.temperature, dtype=self.dtype, max_depth=self.max_depth,
                        verify_grid=self.verify_grid, width=self.width, sequences=self.sequences, splits=self.splits,
                        positions=rows)
@@ -120,8 +121,11 @@ class LogSelection:
 def select_logs(root: str | Path, model: str | None = None, temperature: float | None = None,
                 datasets: list[str] | str | None = None, split: str | list[str] | None = None,
                 width: int | None = None, widths: list[int] | None = None, dtype: str | None = None) -> LogSelection:
-    """The checked selection of `read_logs` (sequences and config), no positions rows read yet."""
-    root = local_dir(root, "the simulator")
+    """The checked selection of `read_logs` (sequences and config), no positions rows read yet. An
+    object-store root (s3://, gs://): its sequences table is mirrored locally, its positions shards are
+    read from the store when `read` reads them (so a chunk or a Ray task fetches only its own shards)."""
+    store = resolve_out(root) if is_remote(root) else None
+    root = local_dir(root, "the simulator", tables=("sequences",))
     parts, model, temperature = _select_partitions(root, model, temperature, datasets)
     where = f"model={model} temperature={temperature:g}"
     seqs = _read_sequences(parts, where, root)
@@ -130,14 +134,20 @@ def select_logs(root: str | Path, model: str | None = None, temperature: float |
     width, want = _pick_widths(seqs, width, widths)
     return LogSelection(root=Path(root), parts=parts, model=model, temperature=float(temperature), dtype=dtype,
                         max_depth=max_depth, verify_grid=grid, width=width, widths=want,
-                        sequences=SequenceColumns.of(seqs), splits=splits)
+                        sequences=SequenceColumns.of(seqs), splits=splits, store=store)
 
 
-def position_files(sel: LogSelection) -> list[Path]:
-    """The positions shards of the selection's partitions, in read order (temp files excluded)."""
+def position_files(sel: LogSelection) -> list:
+    """The positions shards of the selection's partitions, in read order (temp files excluded): local
+    Paths, or with an object store the shards' paths on it (PurePosixPath) and their sizes in bytes."""
     out = []
     for p in sel.parts:
-        d = sel.root / "positions" / p["dir"].relative_to(sel.root / "sequences")
+        rel = p["dir"].relative_to(sel.root / "sequences")
+        if sel.store is not None:
+            d = sel.store.path("positions", rel.as_posix())
+            out += [PurePosixPath(d) / n for n in sel.store.list_files(d, ".parquet") if not n.startswith(".")]
+            continue
+        d = sel.root / "positions" / rel
         out += sorted(x for x in d.glob("*.parquet") if not x.name.startswith(".")) if d.is_dir() else []
     return out
 
@@ -284,7 +294,7 @@ NO_CANDIDATES = "no-candidates"     # scores= value: beams and entropy, not the 
 
 
 def _read_positions(files: list[Path], want: list[int], key_to_seq: dict, Dm: int, G: int,
-                    scores: bool | str = True) -> dict[int, dict[str, list]]:
+                    scores: bool | str = True, fs=None) -> dict[int, dict[str, list]]:
     """The rows of the selected sequences in these positions files, per width: {W: {"seq", "pos", "ctx",
     "acc", "beam", "cand", "ent", "dist": [one array per file]}}, in file order. scores=False reads
     acceptance only (static replay, grid search, the oracle): the score arrays are [n, Dmax, 0].
@@ -293,8 +303,9 @@ def _read_positions(files: list[Path], want: list[int], key_to_seq: dict, Dm: in
                                                                 "ent", "dist")} for W in want}
     for f in files:
         if scores == NO_CANDIDATES:
-            cols = [n for n in check_file(f, "positions").schema_arrow.names if n not in _CANDIDATES]
-        t = read_table(f, "positions", columns=None if scores is True else cols if scores else _ACCEPTANCE_ONLY)
+            cols = [n for n in check_file(f, "positions", fs).schema_arrow.names if n not in _CANDIDATES]
+        t = read_table(f, "positions", columns=None if scores is True else cols if scores else _ACCEPTANCE_ONLY,
+                       filesystem=fs)
         names = set(t.column_names) | (set() if scores is True else _POSITION_COLUMNS | {_CANDIDATES[0]})
         wcol = np.asarray(t.column("width").to_numpy(), np.int64) if "width" in names else None
         chain = wcol is not None and len(wcol) and (wcol == 1).all()       # W = 1 has no candidate_tail

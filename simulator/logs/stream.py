@@ -68,6 +68,7 @@ class LogSource:
 
     def _groups(self) -> list[FileGroup]:
         by_key: dict[tuple[Path, str], dict[int, Path]] = {}
+        fs = None if self.sel.store is None else self.sel.store.fs
         for f in position_files(self.sel):
             m = _WIDTH_SUFFIX.match(f.stem)
             name, W = (m.group(1), int(m.group(2))) if m else (f.stem, -1)
@@ -78,8 +79,8 @@ class LogSource:
             if len(files) > 1 and self.sel.width not in files:
                 continue                                 # a group without the primary width: no selected rows
             ds = partition_values(d).get("dataset", "")
-            out.append(FileGroup([files[W] for W in sorted(files)], check_file(main, "positions").metadata.num_rows,
-                                 ds))
+            out.append(FileGroup([files[W] for W in sorted(files)],
+                                 check_file(main, "positions", fs).metadata.num_rows, ds))
         if not out:
             raise DataError(f"no positions shards for {self.sel.where} under {self.sel.root}/positions")
         return out

@@ -67,6 +67,17 @@ class TrainData:
     val: ReplayLogs          # the val split, or train when there is none (noted)
     latency: LatencyModel
     notes: list
+    refill: Callable[[int], ReplayLogs] | None = None   # logs larger than the window: phase k's training window
+
+    def window(self, phase: int) -> ReplayLogs:
+        """The training logs of training phase `phase` (LTD's phases): `train` for phase 0 and whenever the
+        logs fit in memory, else a new window of the same size drawn with the seed (seed, phase), which
+        becomes `train` (the previous one is dropped first: one window in memory), so a long
+        co-adaptation sees more of a large log; validation stays on the first window's val split."""
+        if self.refill is not None and phase > 0:
+            self.train = None
+            self.train = self.refill(phase)
+        return self.train
 
 
 def load_training_data(logs_root, model=None, temperature=None, datasets=None, split: str = "train",
@@ -96,7 +107,10 @@ def load_training_data(logs_root, model=None, temperature=None, datasets=None, s
     if val.n_sequences == 0 or split == "val":
         val = train
         notes.append("no val split: validating on the training split")
-    return TrainData(train, val, lat, notes)
+    refill = None
+    if logs.n_positions < src.n_positions:
+        refill = lambda phase: src.sample(max_positions_in_memory, seed=[seed, phase]).select(split)
+    return TrainData(train, val, lat, notes, refill)
 
 
 def greedy(net):

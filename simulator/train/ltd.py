@@ -82,8 +82,10 @@ def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
         return LTDPolicy(d, s, width=W, max_depth=cfg.max_depth, verify_size=cfg.verify_size,
                          fixed_depth=cfg.fixed_depth, size_values=cfg.size_values, obs_variant=cfg.obs_variant)
 
+    phase = iter(range(1_000))                        # phase k trains on data.window(k) (a refill on large logs)
+
     def run_depth(tag, size_actor):
-        env = make_replay_env(data.train, lat, "depth", n_envs=cfg.depth_ppo.n_envs, width=W, max_depth=cfg.max_depth,
+        env = make_replay_env(data.window(next(phase)), lat, "depth", n_envs=cfg.depth_ppo.n_envs, width=W, max_depth=cfg.max_depth,
                         verify_size=cfg.verify_size, seed=cfg.seed, obs_variant=cfg.obs_variant,
                         objective=cfg.objective, rate_ref=cfg.rate_ref,
                         size_policy=None if size_actor is None else _size_values_fn(size_actor, cfg.size_values))
@@ -96,7 +98,7 @@ def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
         keep_best(tag)
 
     def run_size(tag, depth_actor):
-        env = make_replay_env(data.train, lat, "size", n_envs=cfg.size_ppo.n_envs, width=W, max_depth=cfg.max_depth,
+        env = make_replay_env(data.window(next(phase)), lat, "size", n_envs=cfg.size_ppo.n_envs, width=W, max_depth=cfg.max_depth,
                         seed=cfg.seed + 1, obs_variant=cfg.obs_variant, objective=cfg.objective,
                         rate_ref=cfg.rate_ref, depth_policy=None if depth_actor is None else _continue_fn(depth_actor),
                         size_values=cfg.size_values)
