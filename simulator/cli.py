@@ -178,9 +178,11 @@ def add_synth(sub: argparse._SubParsersAction) -> None:
 def _synth_config(args):
     from simulator.logs.synthetic import SyntheticConfig, SynthLogsConfig
 
-    extra = {} if args.new_tokens is None else {"new_tokens": parse_positive_ints(args.new_tokens, "--new-tokens")}
-    if len(extra.get("new_tokens", (0, 0))) != 2:
-        raise DraftGymError(f"--new-tokens takes LO,HI, got {args.new_tokens!r}")
+    extra = {}
+    if args.new_tokens is not None:
+        extra["new_tokens"] = parse_positive_ints(args.new_tokens, "--new-tokens")
+        if len(extra["new_tokens"]) != 2:
+            raise DraftGymError(f"--new-tokens takes LO,HI, got {args.new_tokens!r}")
     data = config_from_args(SyntheticConfig, args, widths=parse_positive_ints(args.widths, "--widths"), **extra,
                             latency_profile=None if args.latency_profile == "none" else args.latency_profile,
                             latency_batches=parse_positive_ints(args.latency_batches, "--latency-batches"))

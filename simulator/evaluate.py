@@ -76,14 +76,13 @@ class Plan:
     fit_logs: ReplayLogs | None = None   # goodput's fit (the training split of a window), else None
 
 
-def grid_part(logs: ReplayLogs, tune: str, lat: LatencyModel, cfg: np.ndarray | None):
-    """Pass 1 on one chunk: per-sequence tokens/s [S, A] of every static config on its tuning split."""
+def grid_part(logs: ReplayLogs, tune: str, lat: LatencyModel, cfg: np.ndarray):
+    """Pass 1 on one chunk: per-sequence tokens/s [S, A] of the static configs `cfg` on its tuning split."""
     t = logs.select(tune)
     if not t.n_sequences:
         return None
-    cfg = B.static_space(t) if cfg is None else cfg
     r = B.simulate_static(t, lat, cfg)
-    return cfg, t.source_index, r["tokens"][:, None] / np.maximum(r["time"], 1e-12), t.dataset
+    return t.source_index, r["tokens"][:, None] / np.maximum(r["time"], 1e-12), t.dataset
 
 
 def eval_part(logs: ReplayLogs, plan: Plan) -> dict | None:
@@ -148,8 +147,8 @@ def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | N
     # pass 1: grid-best per dataset, searched on the tuning split
     cfg = B.static_space(src.sel)                          # every depth, logged width and grid V >= 2
     got = [g for g in each(partial(grid_part, tune=tune, lat=lat, cfg=cfg), "grid search", scores=False) if g]
-    order = np.argsort(np.concatenate([g[1] for g in got]), kind="stable")
-    gs = B.best_static(cfg, np.concatenate([g[2] for g in got])[order], np.concatenate([g[3] for g in got])[order])
+    order = np.argsort(np.concatenate([g[0] for g in got]), kind="stable")
+    gs = B.best_static(cfg, np.concatenate([g[1] for g in got])[order], np.concatenate([g[2] for g in got])[order])
     per_ds = {d: v["config"] for d, v in gs["by_dataset"].items() if d != "all"}
     fit_logs = None
     if any(spec.split(":")[0] == "goodput" for spec in policies or []):     # the one heuristic fitted on logs

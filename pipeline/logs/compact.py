@@ -1,8 +1,8 @@
 """`draftgym compact-logs`: rewrite version-2 positions shards in the version-3 layout, in place.
 
 Version 3 (pipeline/logs/candidates.py) replaces each row's `candidate_scores` [Dmax * W * W] float32
-by `candidate_tail` [Dmax * (W*W - W)] float16, the candidates below the beams, sorted and floored:
-about half the bytes on disk (BENCHMARKS O1), the same replay (acceptance is untouched) and the same
+by `candidate_tail` (a fixed-size binary of [Dmax, W*W - W] float16), the candidates below the beams,
+sorted and floored: about a third of the bytes on disk (log section Y1), the same replay (acceptance is untouched) and the same
 observations up to float16 rounding of the tail. Every other column, and every other table, is kept
 as it is.
 
@@ -26,7 +26,7 @@ from pipeline.errors import DataError, DraftGymError
 from pipeline.logs.candidates import candidate_tail
 from pipeline.logs.schema import (SCHEMA_VERSION, VERSION_KEY, check_file, positions_schema, table_files, tail_array,
                                   write_atomic)
-from pipeline.logs.storage import is_uri, local_dir
+from pipeline.logs.storage import is_remote, local_dir
 
 
 @dataclass
@@ -41,19 +41,16 @@ class CompactLogsConfig:
 
 def convert_positions(t: pa.Table, path: Path | str = "") -> pa.Table:
     """A version-2 positions table -> the version-3 table of the same rows (module doc)."""
-    W = int(t.column("width")[0].as_py()) if len(t) else 1
-    n_beam = t.schema.field("beam_scores").type.list_size
-    Dm = n_beam // W
-    n_grid = t.schema.field("acceptance").type.list_size // Dm
     if len(set(t.column("width").to_pylist())) > 1:
         raise DataError(f"{path}: a positions shard of several widths (one shard holds one width)")
-    cand = t.column("candidate_scores").combine_chunks()
-    flat = np.asarray(cand.flatten().to_numpy(zero_copy_only=False), np.float32)
-    tail = candidate_tail(flat.reshape(len(t), Dm, W * W), W).reshape(-1)
+    W = int(t.column("width")[0].as_py()) if len(t) else 1
+    Dm = t.schema.field("beam_scores").type.list_size // W
+    n_grid = t.schema.field("acceptance").type.list_size // Dm
     schema = positions_schema(Dm, W, n_grid, with_dist="accept_dist" in t.column_names)
     cols = {name: t.column(name) for name in t.column_names if name != "candidate_scores"}
     if W > 1:
-        cols["candidate_tail"] = tail_array(tail.reshape(len(t), -1))
+        cand = t.column("candidate_scores").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        cols["candidate_tail"] = tail_array(candidate_tail(np.asarray(cand, np.float32).reshape(len(t), Dm, W * W), W))
     cols["schema_version"] = pa.array(np.full(len(t), SCHEMA_VERSION, np.int16))
     return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
@@ -61,7 +58,7 @@ def convert_positions(t: pa.Table, path: Path | str = "") -> pa.Table:
 def compact_logs(cfg: CompactLogsConfig) -> dict:
     from tqdm import tqdm
 
-    if is_uri(cfg.logs) and not str(cfg.logs).startswith("file://"):
+    if is_remote(cfg.logs):
         raise DraftGymError(f"compact-logs rewrites files in place: copy {cfg.logs} to a local directory first")
     root = local_dir(cfg.logs, "compact-logs")
     files = table_files(root, "positions")

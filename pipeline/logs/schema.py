@@ -19,7 +19,7 @@ and in a `schema_version` column; readers refuse other versions with a one-line 
                 other W*W - W candidate scores, best first, floored at -20 (pipeline/logs/candidates.py). Version 2 stored
                 candidate_scores [max_depth * W * W] float32 (unsorted, NaN where missing) instead.
                 W = 1 (a chain: no candidate below the beam) has no candidate_tail column;
-                both read (`READABLE_VERSIONS`), `draftgym logs compact` rewrites version 2 as 3.
+                both read (`READABLE_VERSIONS`), `draftgym compact-logs` rewrites version 2 as 3.
     entropy     [max_depth * W] float32: per depth, the entropy (nats) of each expanded beam's child
                 distribution (d = 1: the root's, slot 0, rest NaN)
     accept_dist [max_depth * (max_depth + 1)] float32, T > 0 only: P(L = l) for the tree (D, W, V_dist)
@@ -135,28 +135,26 @@ def positions_table(run_key, prompt_id, position, context_len, width: int, root_
     Dm, G = (max_depth, n_grid) if max_depth and n_grid else acceptance.shape[1:]
     schema = positions_schema(Dm, width, G, with_dist=accept_dist is not None)
     each = lambda x: [x] * n if isinstance(x, str) else [str(v) for v in x]
-    cand = np.asarray(candidate_scores, np.float32).reshape(n, Dm, width * width)
-    cols = {"acceptance": acceptance, "beam_scores": beam_scores, "candidate_tail": candidate_tail(cand, width),
-            "entropy": entropy}
-    tail = cols.pop("candidate_tail")
-    arrays = [pa.array(np.full(n, SCHEMA_VERSION, np.int16)), pa.array(each(run_key), pa.string()),
-              pa.array(each(prompt_id), pa.string()), pa.array(np.asarray(position, np.int32)),
-              pa.array(np.asarray(context_len, np.int32)), pa.array(np.full(n, width, np.int16)),
-              pa.array(np.asarray(root_token, np.int32))]
-    if accept_dist is not None and isinstance(accept_dist, np.ndarray):
-        cols["accept_dist"] = accept_dist
-    for name, val in cols.items():
+    cols = {"schema_version": pa.array(np.full(n, SCHEMA_VERSION, np.int16)),
+            "run_key": pa.array(each(run_key), pa.string()), "prompt_id": pa.array(each(prompt_id), pa.string()),
+            "position": pa.array(np.asarray(position, np.int32)), "context_len": pa.array(np.asarray(context_len, np.int32)),
+            "width": pa.array(np.full(n, width, np.int16)), "root_token": pa.array(np.asarray(root_token, np.int32))}
+    lists = {"acceptance": acceptance, "beam_scores": beam_scores, "entropy": entropy}
+    if isinstance(accept_dist, np.ndarray):
+        lists["accept_dist"] = accept_dist
+    for name, val in lists.items():
         typ = schema.field(name).type
         flat = np.asarray(val).reshape(-1).astype(typ.value_type.to_pandas_dtype())
         if flat.size != n * typ.list_size:
             raise ValueError(f"{name}: {flat.size} values for {n} rows of {typ.list_size}")
-        arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(flat), typ.list_size))
+        cols[name] = pa.FixedSizeListArray.from_arrays(pa.array(flat), typ.list_size)
     if width > 1:
-        arrays.insert(9, tail_array(tail))
-    if accept_dist is not None and not isinstance(accept_dist, np.ndarray):   # null: subsampled out (--dist-every)
-        arrays.append(pa.array([None if d is None else np.asarray(d).ravel().tolist() for d in accept_dist],
-                               type=schema.field("accept_dist").type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+        cand = np.asarray(candidate_scores, np.float32).reshape(n, Dm, width * width)
+        cols["candidate_tail"] = tail_array(candidate_tail(cand, width))
+    if accept_dist is not None and "accept_dist" not in cols:      # null: subsampled out (--dist-every)
+        cols["accept_dist"] = pa.array([None if d is None else np.asarray(d).ravel().tolist() for d in accept_dist],
+                                       type=schema.field("accept_dist").type)
+    return pa.Table.from_arrays([cols[f.name] for f in schema], schema=schema)
 
 
 LATENCY = pa.schema([
@@ -337,7 +335,11 @@ def check_file(path: str | Path, table_name: str | None = None, filesystem=None)
 
 def read_table(path: str | Path, table_name: str | None = None, columns: list[str] | None = None,
                filesystem=None) -> pa.Table:
-    pf = check_file(path, table_name, filesystem)
+    return read_checked(check_file(path, table_name, filesystem), path, columns)
+
+
+def read_checked(pf: pq.ParquetFile, path: str | Path, columns: list[str] | None = None) -> pa.Table:
+    """The rows of a shard `check_file` opened (its columns, or all), DataError naming `path` if unreadable."""
     try:
         return pf.read(columns=columns)
     except (pa.ArrowInvalid, OSError) as e:

@@ -40,7 +40,8 @@ class WidthArrays:
     levels: np.ndarray | None      # [N, Dmax, W*W] sorted candidate levels, or None until first read (from tail)
     entropy: np.ndarray            # [N, Dmax, W]
     accept_dist: np.ndarray | None = None   # [N, Dmax, Dmax+1] (NaN rows where not logged)
-    tail: np.ndarray | None = None          # [N, Dmax, W*W - W] float16 (schema version 3) while levels is None
+    tail: np.ndarray | None = None          # [N, Dmax, W*W - W] float16 (schema version 3) while levels is None;
+                                            # both None: read without candidates (read.NO_CANDIDATES)
 
     @property
     def candidate_scores(self) -> np.ndarray:
@@ -49,7 +50,7 @@ class WidthArrays:
         replay without a policy that reads candidates (static, grid-best, oracle, DDD, entropy, RADAR) never
         builds it."""
         if self.levels is None:
-            if self.tail.dtype == object:
+            if self.tail is None:
                 raise RuntimeError("these logs were read without their candidates (read.NO_CANDIDATES): "
                                    "a policy that reads candidate scores needs them read")
             self.levels, self.tail = sorted_levels(self.beam_scores, self.tail), None
@@ -73,7 +74,7 @@ class WidthArrays:
         return WidthArrays(self.width, self.acceptance[rows], self.beam_scores[rows],
                            None if lazy else self.levels[rows], self.entropy[rows],
                            None if self.accept_dist is None else self.accept_dist[rows],
-                           self.tail[rows] if lazy else None)
+                           None if self.tail is None else self.tail[rows])
 
 
 @dataclass
@@ -279,7 +280,7 @@ def _width_arrays(a: dict[str, list], W: int, sq: SequenceColumns):
     dist = None if any(x is None for x in a["dist"]) else cat("dist")
     if any(c is None for c in a["cand"]) and not all(c is None for c in a["cand"]):    # version 2 and 3 files
         a["cand"] = [sorted_levels(b, t) if c is None else c for b, t, c in zip(a["beam"], a["tail"], a["cand"])]
-    lazy = a["cand"][0] is None
-    arrays = WidthArrays(W, cat("acc"), cat("beam"), None if lazy else cat("cand"), cat("ent"), dist,
-                         cat("tail") if lazy else None)
+    levels = None if a["cand"][0] is None else cat("cand")
+    tail = cat("tail") if levels is None and a["tail"][0] is not None else None
+    arrays = WidthArrays(W, cat("acc"), cat("beam"), levels, cat("ent"), dist, tail)
     return arrays, (seq_i, pos, ctx, offsets)

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from pipeline.errors import DataError
 from pipeline.logs.candidates import levels_from_v2
-from pipeline.logs.schema import check_file, read_table, tail_values
+from pipeline.logs.schema import check_file, read_checked, read_table, tail_values
 from pipeline.logs.storage import LogStore, is_remote, local_dir, resolve_out
 
 
@@ -139,7 +139,7 @@ def select_logs(root: str | Path, model: str | None = None, temperature: float |
 
 def position_files(sel: LogSelection) -> list:
     """The positions shards of the selection's partitions, in read order (temp files excluded): local
-    Paths, or with an object store the shards' paths on it (PurePosixPath) and their sizes in bytes."""
+    Paths, or with an object store the shards' paths on it (PurePosixPath)."""
     out = []
     for p in sel.parts:
         rel = p["dir"].relative_to(sel.root / "sequences")
@@ -302,21 +302,21 @@ def _read_positions(files: list[Path], want: list[int], key_to_seq: dict, Dm: in
     rows: dict[int, dict[str, list]] = {W: {k: [] for k in ("seq", "pos", "ctx", "acc", "beam", "cand", "tail",
                                                                 "ent", "dist")} for W in want}
     for f in files:
-        if scores == NO_CANDIDATES:
-            cols = [n for n in check_file(f, "positions", fs).schema_arrow.names if n not in _CANDIDATES]
-        t = read_table(f, "positions", columns=None if scores is True else cols if scores else _ACCEPTANCE_ONLY,
-                       filesystem=fs)
-        names = set(t.column_names) | (set() if scores is True else _POSITION_COLUMNS | {_CANDIDATES[0]})
-        wcol = np.asarray(t.column("width").to_numpy(), np.int64) if "width" in names else None
-        chain = wcol is not None and len(wcol) and (wcol == 1).all()       # W = 1 has no candidate_tail
-        if not _POSITION_COLUMNS <= names or not (names & set(_CANDIDATES) or chain):
-            lack = sorted(_POSITION_COLUMNS - names) + ([] if names & set(_CANDIDATES) or chain else ["candidate_tail"])
-            raise DataError(f"{f}: positions file lacks columns {lack}")
+        pf = check_file(f, "positions", fs)
+        names = pf.schema_arrow.names                                    # the shard's columns, read or not
+        if not _POSITION_COLUMNS <= set(names):
+            raise DataError(f"{f}: positions file lacks columns {sorted(_POSITION_COLUMNS - set(names))}")
+        columns = None if scores is True else [n for n in names if n not in _CANDIDATES] if scores else \
+            _ACCEPTANCE_ONLY
+        t = read_checked(pf, f, columns)
+        wcol = np.asarray(t.column("width").to_numpy(), np.int64)
+        if not set(names) & set(_CANDIDATES) and len(wcol) and not (wcol == 1).all():   # W = 1: no tail
+            raise DataError(f"{f}: positions file lacks columns ['candidate_tail']")
         for W in want:
             m = wcol == W
             if m.any():
                 _add_width_rows(rows[W], t if m.all() else t.filter(pa.array(m)), W, key_to_seq, Dm, G, f,
-                                "accept_dist" in names)
+                                "accept_dist" in t.column_names)
     return rows
 
 
@@ -345,8 +345,7 @@ def _scores(tw: pa.Table, W: int, Dm: int, has_dist: bool):
         cand = levels_from_v2(_fixed_list(tw.column("candidate_scores"), (Dm, W * W), np.float32))
     elif W == 1:                                                        # no candidate below the beam
         tail = np.zeros((len(tw), Dm, 0), np.float16)
-    else:                                                               # not read (NO_CANDIDATES)
-        tail = np.full(len(tw), None, object)
+    # else: not read (NO_CANDIDATES): cand and tail stay None
     ent = _fixed_list(tw.column("entropy"), (Dm, W), np.float32)
     dist = _fixed_list(tw.column("accept_dist"), (Dm, Dm + 1), np.float32) if has_dist else None
     return beam, cand, tail, ent, dist

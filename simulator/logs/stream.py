@@ -85,13 +85,13 @@ class LogSource:
             raise DataError(f"no positions shards for {self.sel.where} under {self.sel.root}/positions")
         return out
 
-    def read(self, groups: list[FileGroup], scores: bool = True) -> ReplayLogs:
+    def read(self, groups: list[FileGroup], scores: bool | str = True) -> ReplayLogs:
         """The ReplayLogs of the selected sequences with rows in these groups (scores=False: acceptance
         only, the score arrays [n, Dmax, 0]: for static replay, grid search and the oracle)."""
         return assemble(self.sel.read([f for g in groups for f in g.files], scores), only_present=True)
 
     def chunks(self, max_positions: int = DEFAULT_MAX_POSITIONS, desc: str = "read logs",
-               scores: bool = True) -> Iterator[ReplayLogs]:
+               scores: bool | str = True) -> Iterator[ReplayLogs]:
         """Every selected sequence once, in chunks of at most max_positions rows (module doc)."""
         from tqdm import tqdm
 
@@ -129,15 +129,15 @@ class LogSource:
                     keep.append(i)
                     used += self.groups[i].rows
             picked = [self.groups[i] for i in sorted(keep)]
-        logs = self.read(picked)
-        order = np.argsort(logs.source_index, kind="stable")       # selection order, as load_logs
-        logs = logs.subset(order)
+        logs = self.read(picked)        # in the selection's order, as load_logs (assemble orders by source_index)
         logs.notes = list(self.notes)
-        if self.progress and len(picked) < len(self.groups):
-            dt = time.perf_counter() - t0
-            print(f"replay window: {logs.n_positions:,} of {self.n_positions:,} positions "
-                  f"({logs.n_sequences:,} sequences) in {dt:.1f} s ({logs.n_positions / max(dt, 1e-9):,.0f} pos/s)",
-                  file=sys.stderr)
+        if len(picked) < len(self.groups):
+            logs.notes.append(f"replay window: {logs.n_positions:,} of {self.n_positions:,} positions "
+                              f"(--max-positions-in-memory {max_positions:,}, seed {seed})")
+            if self.progress:
+                dt = time.perf_counter() - t0
+                print(f"{logs.notes[-1]}, read in {dt:.1f} s ({logs.n_positions / max(dt, 1e-9):,.0f} pos/s)",
+                      file=sys.stderr)
         return logs
 
 

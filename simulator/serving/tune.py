@@ -71,9 +71,8 @@ def load_inputs(cfg, split: str | None = None, seed: int = 0):
     src = LogSource(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset,
                     split=split or cfg.split, widths="all", dtype=cfg.dtype, progress=False)
     logs = src.sample(cfg.max_positions_in_memory, seed=seed)
-    if logs.n_positions < src.n_positions:
-        print(f"note: a window of {logs.n_positions:,} of the split's {src.n_positions:,} positions "
-              f"(--max-positions-in-memory {cfg.max_positions_in_memory:,}, seed {seed})", file=sys.stderr)
+    for note in logs.notes[len(src.notes):]:     # the window's note (stderr: a --json stdout stays one object)
+        print("note: " + note, file=sys.stderr)
     lat = LatencyModel.from_logs(cfg.latency or cfg.logs, model=logs.model, profile=cfg.profile, dtype=logs.dtype,
                                  trust=True)
     if lat.meta.get("trust_note"):             # stderr: a --json stdout stays one object

@@ -99,10 +99,7 @@ def load_training_data(logs_root, model=None, temperature=None, datasets=None, s
     if train.n_sequences == 0:
         raise DataError(f"the replay window of {logs.n_positions:,} positions holds no {split!r} sequence: "
                         f"raise --max-positions-in-memory")
-    notes = list(src.notes)
-    if logs.n_positions < src.n_positions:
-        notes.append(f"replay window: {logs.n_positions:,} of {src.n_positions:,} positions "
-                     f"(--max-positions-in-memory {max_positions_in_memory:,}, seed {seed})")
+    notes = list(logs.notes)                    # the window's own note when it is not everything
     val = logs.select("val")
     if val.n_sequences == 0 or split == "val":
         val = train

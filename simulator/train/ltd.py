@@ -22,6 +22,7 @@ Step budgets default to 200k (depth) and 50k (size) per phase (the paper: 1M / 1
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -82,7 +83,7 @@ def train_ltd(data: TrainData, cfg: LTDConfig, progress: bool = True) -> dict:
         return LTDPolicy(d, s, width=W, max_depth=cfg.max_depth, verify_size=cfg.verify_size,
                          fixed_depth=cfg.fixed_depth, size_values=cfg.size_values, obs_variant=cfg.obs_variant)
 
-    phase = iter(range(1_000))                        # phase k trains on data.window(k) (a refill on large logs)
+    phase = itertools.count()                         # phase k trains on data.window(k) (a refill on large logs)
 
     def run_depth(tag, size_actor):
         env = make_replay_env(data.window(next(phase)), lat, "depth", n_envs=cfg.depth_ppo.n_envs, width=W, max_depth=cfg.max_depth,
