@@ -53,6 +53,8 @@ BATCH_SHAPES = ("tree:8,10,60", "chain:2", "chain:4")                           
 
 
 def add_validate(sub: argparse._SubParsersAction) -> None:
+    from simulator.cli import window_arg
+
     p = sub.add_parser("validate", help="run policies in the loop on this device; speedup, lossless, sim-vs-real report")
     add_model_head(p)
     p.add_argument("--policy", dest="policies", metavar="POLICY", action="append", default=[],
@@ -105,6 +107,7 @@ def add_validate(sub: argparse._SubParsersAction) -> None:
                         "shape, the --schedule, vLLM's example schedule, SGLang's adaptive rule and each --policy, against "
                         "the serving replay of the same trace (online/validate_load.py) (default: none)")
     p.add_argument("--max-batch", type=int, default=16, help="with --load-trace: the most rows decoding at once")
+    window_arg(p)
     add_json(p, "print the report as one JSON object")
     add_no_progress(p)
     set_command(p, _validate_config, "online.cli:run_validate_command")

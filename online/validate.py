@@ -85,6 +85,8 @@ class ValidateConfig:
     max_batch: int = 16                  # load_trace: the most rows decoding at once
     reanchor: bool = True                # T = 0 sim-vs-real: also replay each method on its own decoded text
                                          # (online/reanchor.py: collected after the decoding, cheap next to it)
+    max_positions_in_memory: int | None = None   # --logs larger than this (None: 500,000 positions) are read as a
+                                         # window plus the decoded prompts' sequences; grid-best streams them
     as_json: bool = False                # run_validate_command: print the report as one JSON object
     progress: bool = True                # run_validate_command: progress bars
 
@@ -159,7 +161,8 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     # the clock moves a lot, so logs of one dtype with a profile of another is the transfer setting
     logs_dtype = resolve_dtype_name(cfg.logs_dtype, cfg.device) if cfg.logs_dtype else dtype
     prompt_sets = load_prompt_sets(cfg)                # a bad dataset or split fails before any model loads,
-    logs, note = load_acceptance_logs(cfg, logs_dtype)  # and so does a bad --logs
+    logs, note, source = load_acceptance_logs(cfg, logs_dtype,   # and so does a bad --logs
+                                              [r.prompt_id for recs in prompt_sets.values() for r in recs])
 
     target = load_target(cfg.model, device=cfg.device, dtype=dtype)
     head = load_head_for(cfg.head, target.model, cfg.seed)
@@ -175,7 +178,8 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
 
     sim = interleave = None
     if logs is not None:
-        sim, interleave = simulator_side(cfg, logs, note, engine, target.tokenizer, dev, dtype, report, progress)
+        sim, interleave = simulator_side(cfg, logs, source, note, engine, target.tokenizer, dev, dtype, report,
+                                         progress)
     pending = []                                     # (entry, records, runs) of the datasets sim-vs-real compares
     for ds in cfg.datasets:
         entry, runs = validate_dataset(cfg, ds, prompt_sets[ds], engine, target.tokenizer, sim, labels, interleave,
@@ -208,28 +212,37 @@ def load_prompt_sets(cfg: ValidateConfig) -> dict:
     return prompt_sets
 
 
-def load_acceptance_logs(cfg: ValidateConfig, logs_dtype: str):
+def load_acceptance_logs(cfg: ValidateConfig, logs_dtype: str, prompt_ids=()):
     """(the acceptance logs for grid-best and sim-vs-real, or None without --logs; a note when there is
-    no sim-vs-real)."""
+    no sim-vs-real; the LogSource when the logs are larger than --max-positions-in-memory, else None).
+    Logs that fit are read whole (= load_logs); larger ones as a replay window (seed cfg.seed) plus the
+    sequences of `prompt_ids` (the prompts decoded, which sim-vs-real replays), and grid-best streams over
+    the source (simulator_side)."""
     if not cfg.logs:
         if cfg.profile_first or cfg.profile_interleave:
             raise DraftGymError("--profile-first needs --logs (the acceptance logs the simulator replays)")
-        return None, None
-    from simulator.logs.load import load_logs
+        return None, None, None
+    from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
+
+    def read(temperature: float):
+        src = LogSource(cfg.logs, model=cfg.model, temperature=temperature, widths="all", dtype=logs_dtype,
+                        progress=cfg.progress)
+        budget = cfg.max_positions_in_memory or DEFAULT_MAX_POSITIONS
+        logs = _with_default_width(src.sample(budget, seed=cfg.seed, include=prompt_ids), cfg.logs)
+        return logs, (src if src.n_positions > budget else None)
 
     try:
-        return _with_default_width(load_logs(cfg.logs, model=cfg.model, temperature=cfg.temperature, widths="all",
-                                             dtype=logs_dtype), cfg.logs), None
+        logs, src = read(cfg.temperature)
+        return logs, None, src
     except DataError as e:
         if cfg.temperature <= 0 or "temperature" not in str(e):
             raise
     # T > 0 without logs at this T: grid-best still comes from the greedy logs (acceptance at
     # T > 0 is what the sampled rule gives, so this choice is an approximation), and there is
     # no sim-vs-real (the replay needs logs at the decoding temperature).
-    logs = _with_default_width(load_logs(cfg.logs, model=cfg.model, temperature=0.0, widths="all", dtype=logs_dtype),
-                               cfg.logs)
+    logs, src = read(0.0)
     return logs, (f"no logs at temperature {cfg.temperature:g} in {cfg.logs}: grid-best tuned on the T = 0 logs; "
-                  f"no sim-vs-real (collect with --temperature {cfg.temperature:g} for it)")
+                  f"no sim-vs-real (collect with --temperature {cfg.temperature:g} for it)"), src
 
 
 def _with_default_width(logs, root):
@@ -242,14 +255,16 @@ def _with_default_width(logs, root):
     return logs
 
 
-def simulator_side(cfg: ValidateConfig, logs, note, engine, tokenizer, dev: str, dtype: str, report: dict,
+def simulator_side(cfg: ValidateConfig, logs, source, note, engine, tokenizer, dev: str, dtype: str, report: dict,
                    progress: bool):
     """(SimSide, InterleavedProfile or None): this device's latency profile (fresh with --profile-first,
-    recorded in `report`) and the grid-best configs it picks on the tune split."""
+    recorded in `report`) and the grid-best configs it picks on the tune split (streamed over `source`, a
+    LogSource, when the logs did not fit: then `logs` is a window)."""
     from pipeline.datasets import resolve_split
     from simulator import baselines as B
-    from simulator.evaluate import pick_tune_split
+    from simulator.evaluate import grid_part, grid_search_parts, pick_tune_split
     from simulator.latency_model import LatencyModel
+    from simulator.logs.stream import DEFAULT_MAX_POSITIONS
 
     lat_root, interleave = cfg.logs, None
     if cfg.profile_first or cfg.profile_interleave:
@@ -260,8 +275,15 @@ def simulator_side(cfg: ValidateConfig, logs, note, engine, tokenizer, dev: str,
                                             len(cfg.datasets) * cfg.runs * cfg.n_prompts)
     lat = LatencyModel.from_logs(lat_root, model=logs.model, device=dev, dtype=dtype)
     report["latency_profile"] = {"root": str(lat_root), "profile_id": lat.meta.get("profile_id")}
-    tune = logs.select(pick_tune_split(logs.split, resolve_split(cfg.datasets[0], cfg.split) or "test", "auto"))
-    grid = {d: tuple(v["config"]) for d, v in B.grid_search(tune, lat)["by_dataset"].items()}
+    tune = pick_tune_split(logs.split if source is None else source.sel.splits,
+                           resolve_split(cfg.datasets[0], cfg.split) or "test", "auto")
+    if source is None:
+        gs = B.grid_search(logs.select(tune), lat)
+    else:
+        space, budget = B.static_space(source.sel), cfg.max_positions_in_memory or DEFAULT_MAX_POSITIONS
+        gs = grid_search_parts((grid_part(c, tune, lat, space) for c in source.chunks(budget, "grid search", scores=False)),
+                               space)
+    grid = {d: tuple(v["config"]) for d, v in gs["by_dataset"].items()}
     return SimSide(logs=logs, lat=lat, clock=lat, grid=grid, note=note), interleave
 
 

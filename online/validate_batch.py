@@ -305,15 +305,16 @@ def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Met
     return notes
 
 
-def load_replay(cfg: ValidateConfig, dev: str, dtype: str):
-    """(acceptance logs, latency model, note): both None with a note when the logs cannot be replayed."""
+def load_replay(cfg: ValidateConfig, dev: str, dtype: str, prompt_ids: list[str]):
+    """(acceptance logs, latency model, note): both None with a note when the logs cannot be replayed
+    (logs larger than --max-positions-in-memory: a window plus the sequences of `prompt_ids`)."""
     if not cfg.logs:
         return None, None, "no --logs: no replayed tokens/s"
     from online.validate import load_acceptance_logs
     from simulator.latency_model import LatencyModel
 
     try:
-        logs, note = load_acceptance_logs(cfg, dtype)
+        logs, note, _ = load_acceptance_logs(cfg, dtype, prompt_ids)
         if note:
             return None, None, note
         return logs, LatencyModel.from_logs(cfg.logs, model=logs.model, device=dev, dtype=dtype), None
@@ -355,7 +356,7 @@ def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
     engine = BatchEngine(target.model, head, target.eos_token_ids)
     ref_engine = Engine(target.model, None, target.eos_token_ids)        # the batch-1 AR references
     dev = device_name(target.device, dtype)
-    logs, lat, replay_note = load_replay(cfg, dev, dtype)
+    logs, lat, replay_note = load_replay(cfg, dev, dtype, [r.prompt_id for recs in prompt_sets.values() for r in recs])
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     report = {"run_id": run_id, "config": asdict(cfg), "device": dev, "dtype": dtype,
               "environment": environment_fingerprint(target.device, dtype), "head_id": head.head_id,

@@ -233,7 +233,7 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
     head = load_head_for(cfg.head, target.model, cfg.seed)
     engine = BatchEngine(target.model, head, target.eos_token_ids)
     dev = device_name(target.device, dtype)
-    logs, lat, note = load_replay(cfg, dev, dtype)
+    logs, lat, note = load_replay(cfg, dev, dtype, [r.prompt_id for r in recs])
     if logs is not None:
         logs = logs.subset(np.isin(logs.prompt_id, [r.prompt_id for r in recs]))
         if logs.n_sequences == 0:

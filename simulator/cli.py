@@ -37,15 +37,15 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
                         "logs' own)")
     p.add_argument("--profile", default=None, help="latency profile_id (default: the newest of the logs' dtype)")
     p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
-    _window_arg(p)
+    window_arg(p)
 
 
-def _window_arg(p: argparse.ArgumentParser) -> None:
+def window_arg(p: argparse.ArgumentParser) -> None:
     """--max-positions-in-memory: the one memory knob of every command that reads positions."""
     p.add_argument("--max-positions-in-memory", type=int, default=None,
-                   help="logs with more positions are read a chunk (evaluate) or a seeded sampled window (train, "
-                        "tune, serve-eval, train-load, transfer) of this many at a time: about 3-6 KB each at "
-                        "W = 10 (default 500000)")
+                   help="logs with more positions are read a chunk (evaluate; validate's grid-best) or a seeded "
+                        "sampled window (train, tune, serve-eval, train-load, transfer; validate: plus the decoded "
+                        "prompts' sequences) of this many at a time: about 3-6 KB each at W = 10 (default 500000)")
 
 
 def _iters(s: str | None) -> tuple[int, ...] | None:
@@ -144,7 +144,7 @@ def add_transfer(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--obs", default="paper", choices=["paper", "rich"], help="observations, as `draftgym train`")
     p.add_argument("--objective", default="ratio", choices=["ratio", "rate"],
                    help="cycle reward, as `draftgym train` (rate: lambda is each profile's own grid-best)")
-    _window_arg(p)
+    window_arg(p)
     add_no_progress(p)
     set_command(p, _transfer_config, "simulator.transfer:run_transfer_command")
 
@@ -233,7 +233,7 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
                    help="the schedule's last range reaches this batch size (default: the largest tuned B)")
     p.add_argument("--out", required=True, help="schedule JSON to write (the tokens/s table goes beside it, same name with .csv)")
     p.add_argument("--plot", default=None, help="PNG of tokens/s x AR against B per shape (default: no plot)")
-    _window_arg(p)
+    window_arg(p)
     add_json(p)
     set_command(p, _tune_config, "simulator.serving.tune:run_tune_command")
 
@@ -278,7 +278,7 @@ def add_serve_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--write-trace", default=None, metavar="FILE",
                    help="write the sweep's arrival times (one per line, a # header naming the rates and the seed) "
                         "to FILE for `draftgym validate --load-trace FILE`, and exit without replaying (default: replay)")
-    _window_arg(p)
+    window_arg(p)
     add_json(p)
     set_command(p, _serve_eval_config, "simulator.serving.evaluate:run_serve_eval_command")
 
@@ -324,7 +324,7 @@ def add_train_load(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=100_000, help="training decisions")
     p.add_argument("--val-requests-per-rate", type=int, default=16, help="requests per rate of the validation sweep")
     p.add_argument("--seed", type=int, default=0, help="nets, rollouts, arrivals")
-    _window_arg(p)
+    window_arg(p)
     add_json(p)
     add_no_progress(p)
     set_command(p, _train_load_config, "simulator.serving.train_load:run_train_load_command")

@@ -85,6 +85,14 @@ def grid_part(logs: ReplayLogs, tune: str, lat: LatencyModel, cfg: np.ndarray):
     return t.source_index, r["tokens"][:, None] / np.maximum(r["time"], 1e-12), t.dataset
 
 
+def grid_search_parts(parts, cfg: np.ndarray) -> dict:
+    """B.grid_search's answer from grid_part's outputs over chunks of one selection (None: a chunk without
+    tuning sequences), the sequences put back in the logs' order: the in-memory search's figures."""
+    got = [g for g in parts if g]
+    order = np.argsort(np.concatenate([g[0] for g in got]), kind="stable")
+    return B.best_static(cfg, np.concatenate([g[1] for g in got])[order], np.concatenate([g[2] for g in got])[order])
+
+
 def eval_part(logs: ReplayLogs, plan: Plan) -> dict | None:
     """Pass 2 on one chunk: every reference method and policy on its evaluated split ->
     {"results": {name: (source_index, SimResult)}, "names", "ctx", "notes", "default"}."""
@@ -146,9 +154,7 @@ def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | N
 
     # pass 1: grid-best per dataset, searched on the tuning split
     cfg = B.static_space(src.sel)                          # every depth, logged width and grid V >= 2
-    got = [g for g in each(partial(grid_part, tune=tune, lat=lat, cfg=cfg), "grid search", scores=False) if g]
-    order = np.argsort(np.concatenate([g[0] for g in got]), kind="stable")
-    gs = B.best_static(cfg, np.concatenate([g[1] for g in got])[order], np.concatenate([g[2] for g in got])[order])
+    gs = grid_search_parts(each(partial(grid_part, tune=tune, lat=lat, cfg=cfg), "grid search", scores=False), cfg)
     per_ds = {d: v["config"] for d, v in gs["by_dataset"].items() if d != "all"}
     fit_logs = None
     if any(spec.split(":")[0] == "goodput" for spec in policies or []):     # the one heuristic fitted on logs

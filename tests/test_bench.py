@@ -23,10 +23,12 @@ def test_bench_scale_writes_and_streams(tmp_path, capsys):
 
     common = ["--positions", "3000", "--logs", str(tmp_path / "logs"), "--max-positions", "1000"]
     r = {}
-    for phase in ("write", "evaluate"):            # each phase as `make bench` runs it, here in this process
+    for phase in ("write", "evaluate", "tune"):    # each phase as `make bench` runs it, here in this process
         assert main(common + ["--phase", phase]) == 0
         line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("SCALE_RESULT ")][-1]
         r[phase] = json.loads(line[len("SCALE_RESULT "):])
     assert r["write"]["positions"] >= 3000 and 0 < r["write"]["bytes_per_position"] < 3000
     assert r["evaluate"]["streamed"] and r["evaluate"]["positions"] == r["write"]["positions"]
     assert set(r["evaluate"]["tokens_per_s"]) == {"ar", "static", "grid-best", "oracle", "ddd", "entropy"}
+    (first, _), (last, _) = r["tune"]["ranges"][0], r["tune"]["ranges"][-1]      # [batch range, shape] each
+    assert first[0] == 1 and last[1] == 64

@@ -141,7 +141,7 @@ def test_bf16_replay_agrees_with_decoding_until_the_first_divergence():
         ids = encode_prompt(t.tokenizer, list(r.messages))
         log = collect_prompt(eng, head, ids, cfg)
         acc = log.positions[10]["acceptance"].reshape(-1, cfg.max_depth, len(grid))
-        for D, W, V in [(8, 10, 60), (1, 10, 4)]:
+        for D, W, V in [(8, 10, 30), (1, 10, 4)]:
             res = eng.generate(ids, cfg.max_new_tokens, controller=StaticController(D, W, V))
             k = first_difference(log.output_tokens[:len(res.output_ids)], res.output_ids)
             parted += k is not None

@@ -95,3 +95,63 @@ def test_a_truncated_shard_is_one_line(root, tmp_path):
     with pytest.raises(DataError) as e:
         evaluate(work, max_positions_in_memory=150)
     assert str(f) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_validate_reads_a_window_with_its_prompts_and_streams_grid_best(root, tmp_path, monkeypatch):
+    """validate on logs larger than --max-positions-in-memory: a window plus the decoded prompts' sequences
+    (found by collection's shard names, else from the shards' prompt_id column), and grid-best streamed
+    over every chunk: the same grid-best as reading the logs whole."""
+    import shutil
+
+    import simulator.logs.stream as stream
+    from online.validate import ValidateConfig, load_acceptance_logs, simulator_side
+    from pipeline.logs.schema import prompt_hash
+
+    whole = load_logs(root, widths="all")
+    want = [p for p, s in zip(whole.prompt_id.tolist(), whole.split.tolist()) if s == "test"][-2:]
+    cfg = ValidateConfig(model=whole.model, logs=str(root), datasets=("mt-bench",), progress=False)
+    mem, _, src = load_acceptance_logs(cfg, "float32", want)
+    assert src is None and np.array_equal(mem.prompt_id, whole.prompt_id)            # fits: read whole
+    small = ValidateConfig(model=whole.model, logs=str(root), datasets=("mt-bench",), progress=False,
+                           max_positions_in_memory=150)
+    win, _, src = load_acceptance_logs(small, "float32", want)
+    assert src is not None and win.n_positions < whole.n_positions and set(want) <= set(win.prompt_id.tolist())
+    for p in want:                                                 # the prompts' rows, as read whole
+        a, b = whole.subset(whole.prompt_id == p), win.subset(win.prompt_id == p)
+        assert np.array_equal(a.w[10].acceptance, b.w[10].acceptance)
+    sims = [simulator_side(c, logs, s, None, None, None, None, "float32", {}, False)[0]
+            for c, logs, s in ((cfg, mem, None), (small, win, src))]
+    assert sims[0].grid == sims[1].grid
+
+    # collection's layout (<run_key>-<prompt_hash>-w<W>, a group per prompt): found by name, no shard opened
+    named = tmp_path / "named"
+    write_synthetic_logs(named, SyntheticConfig(n_sequences=2, new_tokens=(5, 8), widths=(10,), seed=1, shard_sequences=1))
+    for f in table_files(named, "positions"):
+        (pid,) = set(stream.read_table(f, "positions", ["prompt_id"]).column(0).to_pylist())
+        f.rename(f.with_name(f"synthetic-{prompt_hash(pid)}-w10.parquet"))
+    src = LogSource(named, progress=False)
+    pid = src.sel.sequences.prompt_id[3]
+    monkeypatch.setattr(stream, "read_table", lambda *a, **k: pytest.fail("a shard was opened"))
+    assert [src.groups[i].name for i in src.groups_of([pid])] == [f"synthetic-{prompt_hash(pid)}"]
+
+
+def test_radar_and_resps_train_on_a_new_window_per_part(root):
+    """RADAR and Re-SpS on logs larger than the window: the run in WINDOWS parts, part k on window k
+    (episodes start at the refill: RADAR's every step resets; PPO's open episodes end, bootstrapped)."""
+    from dataclasses import replace
+
+    from simulator.train.common import WINDOWS, window_starts
+    from simulator.train.radar import RadarConfig, train_radar
+    from simulator.train.resps import RespsConfig, train_resps
+
+    assert sorted(window_starts(16)) == [2, 4, 6, 8, 10, 12, 14] and window_starts(3) == {1, 2}
+    data = load_training_data(root, widths=[10], max_positions_in_memory=300, seed=3)
+    drawn, draw = [], data.refill
+    data.refill = lambda k: drawn.append(k) or draw(k)
+    first = data.train.prompt_id.copy()
+    r = train_radar(data, RadarConfig(steps=16, batch=8, eval_every=8), progress=False)
+    assert drawn == list(range(1, WINDOWS)) and not np.array_equal(data.train.prompt_id, first) and r["net"] is not None
+    drawn.clear()
+    cfg = RespsConfig(steps=16 * 64, ppo=replace(RespsConfig().ppo, n_envs=8, n_steps=8, minibatch=32, epochs=1))
+    r = train_resps(data, cfg, progress=False)                       # 16 updates of 64 decisions
+    assert drawn == list(range(1, WINDOWS)) and len(r["history"]) == 16

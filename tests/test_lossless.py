@@ -97,15 +97,17 @@ def test_smollm2_bf16_shipped_head(monkeypatch):
 
     t = load_target("smollm2-135m", dtype="bfloat16")
     eng = Engine(t.model, load_head_for("default", t.model), t.eos_token_ids)
-    # held-out prompts whose bf16 decodings were seen to part from AR within 64 tokens
+    # held-out prompts whose bf16 decodings were seen to part from AR within 64 tokens (AVX2 EPYC, (8, 10, 30):
+    # at tokens 31, 38 and 52). The tree's size is not the point; (8, 10, 30) verifies half the rows of
+    # (8, 10, 60), and in emulated bf16 the target's matmuls are the test's time.
     recs = [r for r in load_prompts("humaneval", split="test", n=6)
-            if r.prompt_id.split("/", 1)[1] in ("HumanEval/3", "HumanEval/27", "HumanEval/36", "HumanEval/54")]
-    assert len(recs) == 4
+            if r.prompt_id.split("/", 1)[1] in ("HumanEval/3", "HumanEval/36", "HumanEval/54")]
+    assert len(recs) == 3
     prompts = [encode_prompt(t.tokenizer, list(r.messages)) for r in recs]
     ars = [eng.generate_ar(p, 64).output_ids for p in prompts]
 
     def run(n=64, k=len(prompts)):
-        return summarize_verdicts([classify(t.model, p, ar[:n], eng.generate(p, n, controller=StaticController(8, 10, 60)).output_ids)
+        return summarize_verdicts([classify(t.model, p, ar[:n], eng.generate(p, n, controller=StaticController(8, 10, 30)).output_ids)
                                    for p, ar in zip(prompts[:k], ars[:k])])
 
     real = run()

@@ -12,6 +12,7 @@ from simulator.policies.checkpoint import load_checkpoint
 from simulator.latency_model import LatencyModel
 from simulator.logs.load import load_logs
 from simulator.replay import simulate
+from simulator.transfer import finished_policy
 from simulator.logs.synthetic import latency_rows, write_latency
 from tests.test_sim_fixtures import syn_root  # noqa: F401
 
@@ -54,8 +55,12 @@ def test_transfer_2x2(two_profiles, tmp_path, capsys):
     assert capsys.readouterr().out.count("reusing it") == 2
     assert (out / "policy-synthetic-gpu" / "training.json").stat().st_mtime_ns == stamp
     assert json.loads((out / "transfer.json").read_text())["cells"] == res["cells"]
-    assert main(args[:-1] + ["--seed", "1", "--no-progress"]) == 0
-    assert capsys.readouterr().out.count("reusing it") == 0
+    # other training flags retrain: the reuse check, as that run asks it (a third run would train twice more)
+    d, flags = out / "policy-synthetic-gpu", res["train_args"]
+    pid = json.loads((d / "transfer_train.json").read_text())["profile_id"]
+    assert finished_policy(d, "ltd", str(two_profiles), pid, flags)
+    assert not finished_policy(d, "ltd", str(two_profiles), pid, flags + ["--seed", "1"])
+    assert not finished_policy(d, "radar", str(two_profiles), pid, flags)
 
 
 def test_transfer_refuses_bad_profiles(two_profiles, tmp_path, capsys):

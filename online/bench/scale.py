@@ -13,6 +13,8 @@ own:
                --max-positions-in-memory
     ltd        an LTD depth-phase PPO run of --ltd-steps env steps from the replay window
                (online.bench.ltd): wall seconds, env steps/s, peak RSS
+    tune       `draftgym tune` at B = 1, 4, 16, 64 on the train split's replay window, with a synthetic
+               batched CPU profile: wall seconds, peak RSS, the schedule
 
 `make bench` runs it at a small N. The figures name the CPU; everything is numpy/float32 on the CPU.
 """
@@ -84,7 +86,26 @@ def phase_ltd(args) -> dict:
             "peak_rss_gb": round(_peak_rss_gb(), 2)}
 
 
-PHASES = {"write": phase_write, "evaluate": phase_evaluate, "ltd": phase_ltd}
+def phase_tune(args) -> dict:
+    """`draftgym tune` at B = 1, 4, 16, 64 (every logged tree, the train split's window) on a synthetic CPU
+    profile taken at those batch sizes, written beside the logs."""
+    from online.cli import main as cli
+    from simulator.logs.synthetic import SyntheticConfig, latency_rows, write_latency
+
+    lat, out = Path(args.logs) / "_bench_tune", Path(args.logs) / "_bench_tune" / "schedule.json"
+    write_latency(lat, latency_rows(SyntheticConfig().model, "cpu", batches=(1, 4, 16, 64)))
+    t0 = time.perf_counter()
+    rc = cli(["tune", "--logs", args.logs, "--latency", str(lat), "--batch-sizes", "1,4,16,64", "--shapes", "tree", "--split", "train",
+              "--max-positions-in-memory", str(args.max_positions), "--out", str(out)])
+    dt = time.perf_counter() - t0
+    if rc:
+        raise SystemExit(f"bench_scale: tune exited {rc}")
+    sched = json.loads(out.read_text())
+    return {"phase": "tune", "seconds": round(dt, 1), "peak_rss_gb": round(_peak_rss_gb(), 2),
+            "ranges": [[r["batch"], r["shape"]] for r in sched["ranges"]]}
+
+
+PHASES = {"write": phase_write, "evaluate": phase_evaluate, "ltd": phase_ltd, "tune": phase_tune}
 
 
 def main(argv=None) -> int:
@@ -95,7 +116,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--positions", type=int, default=200_000, help="positions to write (rounded up to sequences)")
     ap.add_argument("--logs", default="data/reports/bench/scale-logs", help="where the synthetic logs go")
-    ap.add_argument("--phases", default="write,evaluate,ltd", help="comma-separated: write, evaluate, ltd")
+    ap.add_argument("--phases", default="write,evaluate,ltd,tune", help="comma-separated: write, evaluate, ltd, tune")
     ap.add_argument("--workers", type=int, default=2, help="processes writing shards")
     ap.add_argument("--max-positions", type=int, default=DEFAULT_MAX_POSITIONS,
                     help="--max-positions-in-memory of evaluate and training")
@@ -112,7 +133,7 @@ def main(argv=None) -> int:
     results = []
     for name in [p.strip() for p in args.phases.split(",") if p.strip()]:
         if name not in PHASES:
-            print(f"bench_scale: error: unknown phase {name!r} (write, evaluate, ltd)", file=sys.stderr)
+            print(f"bench_scale: error: unknown phase {name!r} (write, evaluate, ltd, tune)", file=sys.stderr)
             return 2
         cmd = [sys.executable, "-m", "online.bench.scale", *(argv if argv is not None else sys.argv[1:]),
                "--phase", name]

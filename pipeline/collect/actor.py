@@ -12,7 +12,6 @@ deletes it). The environment fingerprint is this actor's, taken on the machine i
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 
@@ -22,7 +21,8 @@ import pyarrow as pa
 from pipeline.decode.batch_prefill import length_groups
 from pipeline.collect.prompt import CollectConfig, collect_prompt, collect_prompts, generate_continuations
 from pipeline.errors import DraftGymError, first_line
-from pipeline.logs.schema import FAILURES, SCHEMA_VERSION, SEQUENCES, partition_parts, positions_table, write_atomic
+from pipeline.logs.schema import (FAILURES, SCHEMA_VERSION, SEQUENCES, partition_parts, positions_table, prompt_hash,
+                                  write_atomic)
 from pipeline.logs.storage import LogStore
 
 FAIL_AFTER_ENV = "DRAFTGYM_FAIL_AFTER"    # tests: the actor dies (outside the per-prompt try) after N prompts
@@ -34,10 +34,6 @@ FAIL_PROMPT_ENV = "DRAFTGYM_FAIL_PROMPT"  # tests: comma-separated prompt ids th
 # Measured (BENCHMARKS.md I3): without these caps, one 2,585-token ShareGPT prompt in a batch of 64 made
 # all 64 rows attend over 2,600 keys and padded its group of 8 to 8 x 2,650 tokens.
 GROUP_PROMPTS, GROUP_TOKENS, GEN_TOKENS = 16, 4096, 32768
-
-
-def prompt_hash(prompt_id: str) -> str:
-    return hashlib.sha1(prompt_id.encode()).hexdigest()[:16]
 
 
 def table_dir(store: LogStore, table: str, cfg: CollectConfig, dataset: str) -> str:

@@ -36,6 +36,7 @@ is p + L + 1. An episode ends once p >= new_tokens - 1 (the last token is emitte
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -238,6 +239,11 @@ FAILURES = pa.schema([
     ("env_json", pa.string()),         # the fingerprint of the actor that failed
     ("time", pa.string()),             # UTC, ISO 8601
 ])
+
+
+def prompt_hash(prompt_id: str) -> str:
+    """The prompt's part of collection's shard names: `<run_key>-<prompt_hash>[-w<W>].parquet`."""
+    return hashlib.sha1(prompt_id.encode()).hexdigest()[:16]
 
 
 def partition_parts(table: str, model: str, dataset: str, temperature: float) -> tuple[str, str, str, str]:

@@ -10,9 +10,12 @@ config, widths; no positions row read) and reads its positions shards in groups:
     chunks(max_positions)     the groups in read order, packed into chunks of at most max_positions
                               rows (a group larger than that is a chunk of its own) -> ReplayLogs of
                               the chunk's sequences, with `source_index` their index in the selection
-    sample(max_positions, seed)  a replay window: per dataset, groups drawn in a seeded order until the
-                              dataset's share of max_positions (its share of the selection's positions)
-                              is filled -> one ReplayLogs; everything when the selection fits
+    sample(max_positions, seed, include)  a replay window: per dataset, groups drawn in a seeded order
+                              until the dataset's share of max_positions (its share of the selection's
+                              positions) is filled, plus the groups of the prompts in `include` (validate's
+                              decoded prompts) -> one ReplayLogs; everything when the selection fits
+    groups_of(prompt_ids)     the groups holding these prompts' sequences: by collection's shard name
+                              (`<run_key>-<prompt_hash>`), else from the shards' prompt_id column
 
 A sequence's rows must lie in one group (they do in every log DraftGym writes); one that does not is the
 coverage check's one-line DataError. Every selected sequence is read exactly once over `chunks`
@@ -31,7 +34,7 @@ from typing import Iterator
 import numpy as np
 
 from pipeline.errors import DataError
-from pipeline.logs.schema import check_file
+from pipeline.logs.schema import check_file, prompt_hash, read_table
 from simulator.logs.load import ReplayLogs, assemble
 from simulator.logs.read import partition_values, position_files, select_logs
 
@@ -44,6 +47,7 @@ class FileGroup:
     files: list[Path]                # one shard per width (or one shard of every width)
     rows: int                        # rows of the primary width (its shard's footer), or of all rows
     dataset: str
+    name: str                        # the shard name without -w<W> (collection: <run_key>-<prompt_hash>)
 
 
 class LogSource:
@@ -74,13 +78,13 @@ class LogSource:
             name, W = (m.group(1), int(m.group(2))) if m else (f.stem, -1)
             by_key.setdefault((f.parent, name), {})[W] = f
         out = []
-        for (d, _), files in by_key.items():
+        for (d, name), files in by_key.items():
             main = files.get(self.sel.width, next(iter(files.values())))
             if len(files) > 1 and self.sel.width not in files:
                 continue                                 # a group without the primary width: no selected rows
             ds = partition_values(d).get("dataset", "")
             out.append(FileGroup([files[W] for W in sorted(files)],
-                                 check_file(main, "positions", fs).metadata.num_rows, ds))
+                                 check_file(main, "positions", fs).metadata.num_rows, ds, name))
         if not out:
             raise DataError(f"no positions shards for {self.sel.where} under {self.sel.root}/positions")
         return out
@@ -112,14 +116,26 @@ class LogSource:
             raise DataError(f"sequence {self.sel.sequences.prompt_id[missing[0]]} has no positions rows "
                             f"({len(missing)} selected sequence(s) without rows)")
 
-    def sample(self, max_positions: int = DEFAULT_MAX_POSITIONS, seed: int = 0) -> ReplayLogs:
-        """A replay window of at most ~max_positions rows (module doc); the whole selection when it fits."""
+    def groups_of(self, prompt_ids) -> list[int]:
+        """Indices of the groups that hold the selected sequences of these prompts (module doc)."""
+        seqs, want = self.sel.sequences, set(prompt_ids)
+        names = {f"{rk}-{prompt_hash(p)}" for rk, p in zip(seqs.run_key.tolist(), seqs.prompt_id.tolist()) if p in want}
+        hit = [i for i, g in enumerate(self.groups) if g.name in names]
+        if len(hit) < len(names):                        # not collection's layout: ask the shards themselves
+            fs = None if self.sel.store is None else self.sel.store.fs
+            hit = [i for i, g in enumerate(self.groups)
+                   if want.intersection(read_table(g.files[0], "positions", ["prompt_id"], fs).column(0).to_pylist())]
+        return hit
+
+    def sample(self, max_positions: int = DEFAULT_MAX_POSITIONS, seed: int = 0, include=()) -> ReplayLogs:
+        """A replay window of at most ~max_positions rows, plus the groups of the prompts in `include`
+        (module doc); the whole selection when it fits."""
         t0 = time.perf_counter()
         total = sum(g.rows for g in self.groups)
         if total <= max_positions:
             picked = self.groups
         else:
-            rng, keep = np.random.default_rng(seed), []
+            rng, keep = np.random.default_rng(seed), self.groups_of(include) if include else []
             for ds in sorted({g.dataset for g in self.groups}):
                 mine = [i for i, g in enumerate(self.groups) if g.dataset == ds]
                 budget, used = max_positions * sum(self.groups[i].rows for i in mine) / total, 0
@@ -128,7 +144,7 @@ class LogSource:
                         break
                     keep.append(i)
                     used += self.groups[i].rows
-            picked = [self.groups[i] for i in sorted(keep)]
+            picked = [self.groups[i] for i in sorted(set(keep))]
         logs = self.read(picked)        # in the selection's order, as load_logs (assemble orders by source_index)
         logs.notes = list(self.notes)
         if len(picked) < len(self.groups):

@@ -61,6 +61,15 @@ class TrainMethod:
     save: Callable          # (out dir, result, method config, TrainData, training summary) -> None: the checkpoint
 
 
+WINDOWS = 8      # RADAR and Re-SpS on logs larger than the window: the run is cut in this many equal parts,
+                 # part k trained on window k (LTD: one window per phase, its eight phases)
+
+
+def window_starts(total: int) -> set[int]:
+    """The steps (or updates) of a loop of `total` at which window k = 1 .. WINDOWS - 1 begins."""
+    return {k * total // WINDOWS for k in range(1, WINDOWS)} - {0}
+
+
 @dataclass
 class TrainData:
     train: ReplayLogs
@@ -70,7 +79,8 @@ class TrainData:
     refill: Callable[[int], ReplayLogs] | None = None   # logs larger than the window: phase k's training window
 
     def window(self, phase: int) -> ReplayLogs:
-        """The training logs of training phase `phase` (LTD's phases): `train` for phase 0 and whenever the
+        """The training logs of training phase `phase` (LTD's phases; RADAR's and Re-SpS's k-th part of the
+        run, `window_starts`): `train` for phase 0 and whenever the
         logs fit in memory, else a new window of the same size drawn with the seed (seed, phase), which
         becomes `train` (the previous one is dropped first: one window in memory), so a long
         co-adaptation sees more of a large log; validation stays on the first window's val split."""

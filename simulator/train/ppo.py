@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from simulator.train.common import window_starts
+
 
 @dataclass
 class PPOConfig:
@@ -88,9 +90,12 @@ class RunningReturnStd:
 
 
 def ppo_train(env, cfg: PPOConfig, actor=None, critic=None, validate=None, desc: str = "ppo", progress: bool = True,
-              history: list | None = None, phase: str = "") -> dict:
+              history: list | None = None, phase: str = "", refill=None) -> dict:
     """Train (or continue training) actor/critic on `env`. validate(actor) -> float (higher is better):
-    the best validated actor is returned. Returns {"actor", "critic", "best_actor", "best_val", "history"}."""
+    the best validated actor is returned. Returns {"actor", "critic", "best_actor", "best_val", "history"}.
+    refill(k) -> env (logs larger than memory): the env of window k, swapped in at the update where the
+    run's k-th part begins (common.window_starts); the episodes the last rollout left open end there,
+    bootstrapped from their value as at any rollout's end, and the new env starts from a reset."""
     import torch
     import torch.nn as nn
     from tqdm import tqdm
@@ -125,7 +130,14 @@ def ppo_train(env, cfg: PPOConfig, actor=None, critic=None, validate=None, desc:
     best_val, best_actor = -np.inf, None
     bar = tqdm(range(n_updates), desc=desc, unit="upd", disable=not progress, leave=False)
     t0, raw_r = time.perf_counter(), []
+    starts = sorted(window_starts(n_updates)) if refill is not None else []
     for upd in bar:
+        if upd in starts:
+            env = None
+            env = refill(starts.index(upd) + 1)
+            o, _ = env.reset(seed=cfg.seed + upd)
+            if norm is not None:
+                norm.ret[:] = 0.0                                   # the open episodes ended here
         lr = cfg.lr * min((upd + 1) / warm, max(0.0, (n_updates - upd) / max(1, n_updates - warm)))
         for g in opt.param_groups:
             g["lr"] = lr

@@ -27,7 +27,7 @@ from simulator.envs.vector import make_replay_env
 from simulator.policies.checkpoint import save_policy
 from simulator.policies.nets import make_radar_net
 from simulator.policies.radar import RadarPolicy
-from simulator.train.common import (PolicyTrainConfig, TrainData, TrainMethod, replay_tokens_per_s,
+from simulator.train.common import (PolicyTrainConfig, TrainData, TrainMethod, replay_tokens_per_s, window_starts,
                                     resolve_rate_ref, resolve_verify_size)
 
 
@@ -58,10 +58,12 @@ def train_radar(data: TrainData, cfg: RadarConfig, progress: bool = True) -> dic
 
     torch.manual_seed(cfg.seed)
     lat = data.latency
-    env = make_replay_env(data.train, lat, "radar", n_envs=cfg.batch, width=cfg.width, verify_size=cfg.verify_size,
-                    radar_max_calls=cfg.max_calls, radar_alpha=cfg.alpha, radar_count_bonus=cfg.count_bonus,
-                    radar_reward=cfg.reward, episode_cycles=1, autoreset=False, seed=cfg.seed,
-                    obs_variant=cfg.obs_variant, objective=cfg.objective, rate_ref=cfg.rate_ref)
+    make = lambda logs: make_replay_env(logs, lat, "radar", n_envs=cfg.batch, width=cfg.width, verify_size=cfg.verify_size,
+                                        radar_max_calls=cfg.max_calls, radar_alpha=cfg.alpha, radar_count_bonus=cfg.count_bonus,
+                                        radar_reward=cfg.reward, episode_cycles=1, autoreset=False, seed=cfg.seed,
+                                        obs_variant=cfg.obs_variant, objective=cfg.objective, rate_ref=cfg.rate_ref)
+    env = make(data.train)
+    refill = window_starts(cfg.steps) if data.refill is not None else set()   # large logs: a new window per part
     net = make_radar_net(env.obs_dim, cfg.hidden, cfg.mlp_hidden, 2)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     rng = np.random.default_rng(cfg.seed)
@@ -72,6 +74,9 @@ def train_radar(data: TrainData, cfg: RadarConfig, progress: bool = True) -> dic
     t0 = time.perf_counter()
     rets, depths = [], []
     for step in bar:
+        if step in refill:                                  # every episode starts at this reset: none is cut
+            env = None
+            env = make(data.window(sorted(refill).index(step) + 1))
         o, _ = env.reset(seed=int(rng.integers(2**31)))
         state = net.init_state(cfg.batch)
         alive = np.ones(cfg.batch, bool)

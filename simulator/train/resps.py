@@ -42,14 +42,16 @@ class RespsConfig:
 def train_resps(data: TrainData, cfg: RespsConfig, progress: bool = True) -> dict:
     lat = data.latency
     shapes = resps_shapes(data.train, space=cfg.action_space)
-    env = make_replay_env(data.train, lat, "shape", n_envs=cfg.ppo.n_envs, hold_cycles=cfg.hold_train,
-                    shapes=tuple(map(tuple, shapes.tolist())), seed=cfg.seed, obs_variant=cfg.obs_variant,
-                    objective=cfg.objective, rate_ref=cfg.rate_ref)
+    make = lambda logs: make_replay_env(logs, lat, "shape", n_envs=cfg.ppo.n_envs, hold_cycles=cfg.hold_train,
+                                        shapes=tuple(map(tuple, shapes.tolist())), seed=cfg.seed,
+                                        obs_variant=cfg.obs_variant, objective=cfg.objective, rate_ref=cfg.rate_ref)
+    env = make(data.train)
     pc = replace(cfg.ppo, total_steps=cfg.steps, seed=cfg.seed)
     pol = lambda a: RespsPolicy(a, shapes, hold=cfg.hold_infer, max_depth=data.train.max_depth,
                                 obs_variant=cfg.obs_variant)
     r = ppo_train(env, pc, validate=lambda a: replay_tokens_per_s(pol(a), data.val, lat), desc="Re-SpS",
-                  progress=progress, phase="resps")
+                  progress=progress, phase="resps",
+                  refill=(lambda k: make(data.window(k))) if data.refill is not None else None)
     return {"net": r["best_actor"], "shapes": shapes, "history": r["history"], "val": r["best_val"]}
 
 
