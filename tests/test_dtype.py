@@ -121,8 +121,9 @@ def test_bf16_replay_agrees_with_decoding_until_the_first_divergence():
     Not every one bit for bit: online drafts read features from the tree-verify forward, collection
     from one teacher-forced forward (docs/design.md, "Exact counterfactual replay": the float caveat);
     in bf16 that rounding can move a draft score. Measured: 399 of 401 cycles agreed over 48 tokens
-    (BENCHMARKS H3); 61 of 62 over the 32 tokens used here, which keep this near a minute where bf16
-    is emulated (an AVX2-only CPU)."""
+    (BENCHMARKS H3). Here 32 tokens of three held-out prompts whose decodings stay with the logged
+    continuation long enough to compare (on an AVX2-only EPYC, where bf16 is emulated: 77 of 77 cycles;
+    mt-bench/81, left out, parts at its first token and gives none)."""
     from pipeline.collect.prompt import CollectConfig, collect_prompt
     from pipeline.decode.controller import StaticController
     from pipeline.datasets import load_prompts
@@ -137,7 +138,10 @@ def test_bf16_replay_agrees_with_decoding_until_the_first_divergence():
     cfg = CollectConfig(max_new_tokens=32, widths=(10,), max_depth=8, dtype="bfloat16")
     grid = list(cfg.verify_grid)
     agree = total = parted = 0
-    for r in load_prompts("mt-bench", split="test", n=2) + load_prompts("humaneval", split="test", n=2):
+    recs = [r for r in load_prompts("mt-bench", split="test", n=3) + load_prompts("humaneval", split="test", n=2)
+            if r.prompt_id in ("mt-bench/93", "mt-bench/101", "humaneval/HumanEval/27")]
+    assert len(recs) == 3
+    for r in recs:
         ids = encode_prompt(t.tokenizer, list(r.messages))
         log = collect_prompt(eng, head, ids, cfg)
         acc = log.positions[10]["acceptance"].reshape(-1, cfg.max_depth, len(grid))
@@ -153,7 +157,7 @@ def test_bf16_replay_agrees_with_decoding_until_the_first_divergence():
                 total += 1
                 agree += int(acc[p, D - 1, grid.index(V)]) == c.accepted
                 p += c.emitted
-    assert total >= 50                        # 62 on an AVX2 EPYC at 32 tokens (4 of 8 decodings parted)
+    assert total >= 50                        # 77 on an AVX2 EPYC
     assert agree >= 0.97 * total, (agree, total)
 
 
