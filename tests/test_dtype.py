@@ -2,7 +2,6 @@
 loads a target takes --dtype; bf16 replay agrees with bf16 decoding up to the first divergence."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

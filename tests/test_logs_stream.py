@@ -101,8 +101,6 @@ def test_validate_reads_a_window_with_its_prompts_and_streams_grid_best(root, tm
     """validate on logs larger than --max-positions-in-memory: a window plus the decoded prompts' sequences
     (found by collection's shard names, else from the shards' prompt_id column), and grid-best streamed
     over every chunk: the same grid-best as reading the logs whole."""
-    import shutil
-
     import simulator.logs.stream as stream
     from online.validate import ValidateConfig, load_acceptance_logs, simulator_side
     from pipeline.logs.schema import prompt_hash
