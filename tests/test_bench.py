@@ -23,7 +23,7 @@ def test_bench_scale_writes_and_streams(tmp_path, capsys):
 
     common = ["--positions", "3000", "--logs", str(tmp_path / "logs"), "--max-positions", "1000"]
     r = {}
-    for phase in ("write", "evaluate", "tune"):    # each phase as `make bench` runs it, here in this process
+    for phase in ("write", "evaluate", "tune", "validate"):     # each phase as `make bench` runs it, in this process
         assert main(common + ["--phase", phase]) == 0
         line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("SCALE_RESULT ")][-1]
         r[phase] = json.loads(line[len("SCALE_RESULT "):])
@@ -32,3 +32,9 @@ def test_bench_scale_writes_and_streams(tmp_path, capsys):
     assert set(r["evaluate"]["tokens_per_s"]) == {"ar", "static", "grid-best", "oracle", "ddd", "entropy"}
     (first, _), (last, _) = r["tune"]["ranges"][0], r["tune"]["ranges"][-1]      # [batch range, shape] each
     assert first[0] == 1 and last[1] == 64
+    v = r["validate"]              # 3,000 positions, a 1,000 budget: streamed (the 3 prompts' groups are all of them)
+    assert v["streamed"] and v["prompts_read"]
+    assert main(common[:-1] + ["100000", "--phase", "validate"]) == 0          # the logs fit: read whole
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("SCALE_RESULT ")][-1]
+    whole = json.loads(line[len("SCALE_RESULT "):])
+    assert not whole["streamed"] and whole["grid_best"] == v["grid_best"]

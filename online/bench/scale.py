@@ -15,6 +15,9 @@ own:
                (online.bench.ltd): wall seconds, env steps/s, peak RSS
     tune       `draftgym tune` at B = 1, 4, 16, 64 on the train split's replay window, with a synthetic
                batched CPU profile: wall seconds, peak RSS, the schedule
+    validate   validate's logs side (no model): the acceptance logs of three prompts (a window plus their
+               sequences when N exceeds --max-positions-in-memory) and grid-best (streamed then): wall
+               seconds, peak RSS, grid-best
 
 `make bench` runs it at a small N. The figures name the CPU; everything is numpy/float32 on the CPU.
 """
@@ -105,7 +108,28 @@ def phase_tune(args) -> dict:
             "ranges": [[r["batch"], r["shape"]] for r in sched["ranges"]]}
 
 
-PHASES = {"write": phase_write, "evaluate": phase_evaluate, "ltd": phase_ltd, "tune": phase_tune}
+def phase_validate(args) -> dict:
+    """validate's logs side, as `draftgym validate` runs it before decoding (no model): the acceptance
+    logs for three prompts (the first, middle and last sequence) and grid-best on the tuning split."""
+    from online.validate import ValidateConfig, load_acceptance_logs, simulator_side
+    from simulator.logs.stream import LogSource
+
+    seqs = LogSource(args.logs, widths="all", progress=False).sel.sequences
+    ids = [seqs.prompt_id[i] for i in (0, len(seqs.prompt_id) // 2, len(seqs.prompt_id) - 1)]
+    cfg = ValidateConfig(model=None, logs=args.logs, datasets=("mt-bench",), max_positions_in_memory=args.max_positions)
+    t0 = time.perf_counter()
+    logs, _, source = load_acceptance_logs(cfg, None, ids)
+    t1 = time.perf_counter()
+    sim, _ = simulator_side(cfg, logs, source, None, None, None, None, logs.dtype, {}, False)
+    t2 = time.perf_counter()
+    return {"phase": "validate", "seconds": round(t2 - t0, 1), "logs_s": round(t1 - t0, 1), "grid_s": round(t2 - t1, 1),
+            "streamed": source is not None, "positions_read": logs.n_positions,
+            "prompts_read": set(ids) <= set(logs.prompt_id.tolist()), "peak_rss_gb": round(_peak_rss_gb(), 2),
+            "grid_best": {k: list(v) for k, v in sim.grid.items()}}
+
+
+PHASES = {"write": phase_write, "evaluate": phase_evaluate, "ltd": phase_ltd, "tune": phase_tune,
+          "validate": phase_validate}
 
 
 def main(argv=None) -> int:
@@ -116,7 +140,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--positions", type=int, default=200_000, help="positions to write (rounded up to sequences)")
     ap.add_argument("--logs", default="data/reports/bench/scale-logs", help="where the synthetic logs go")
-    ap.add_argument("--phases", default="write,evaluate,ltd,tune", help="comma-separated: write, evaluate, ltd, tune")
+    ap.add_argument("--phases", default="write,evaluate,ltd,tune,validate",
+                    help="comma-separated: write, evaluate, ltd, tune, validate")
     ap.add_argument("--workers", type=int, default=2, help="processes writing shards")
     ap.add_argument("--max-positions", type=int, default=DEFAULT_MAX_POSITIONS,
                     help="--max-positions-in-memory of evaluate and training")
@@ -133,7 +158,7 @@ def main(argv=None) -> int:
     results = []
     for name in [p.strip() for p in args.phases.split(",") if p.strip()]:
         if name not in PHASES:
-            print(f"bench_scale: error: unknown phase {name!r} (write, evaluate, ltd, tune)", file=sys.stderr)
+            print(f"bench_scale: error: unknown phase {name!r} ({', '.join(PHASES)})", file=sys.stderr)
             return 2
         cmd = [sys.executable, "-m", "online.bench.scale", *(argv if argv is not None else sys.argv[1:]),
                "--phase", name]
