@@ -42,6 +42,7 @@ from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
 from pipeline.logs.schema import CYCLES, SCHEMA_VERSION, partition_dir, write_atomic
 from pipeline.runtime.atomic import atomic_write_json
+from simulator.logs.stream import DEFAULT_MAX_POSITIONS
 
 if TYPE_CHECKING:
     from simulator.latency_model import LatencyModel
@@ -85,8 +86,8 @@ class ValidateConfig:
     max_batch: int = 16                  # load_trace: the most rows decoding at once
     reanchor: bool = True                # T = 0 sim-vs-real: also replay each method on its own decoded text
                                          # (online/reanchor.py: collected after the decoding, cheap next to it)
-    max_positions_in_memory: int | None = None   # --logs larger than this (None: 500,000 positions) are read as a
-                                         # window plus the decoded prompts' sequences; grid-best streams them
+    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # --logs larger than this are read as a window plus
+                                         # the decoded prompts' sequences; grid-best streams them
     as_json: bool = False                # run_validate_command: print the report as one JSON object
     progress: bool = True                # run_validate_command: progress bars
 
@@ -222,12 +223,12 @@ def load_acceptance_logs(cfg: ValidateConfig, logs_dtype: str, prompt_ids=()):
         if cfg.profile_first or cfg.profile_interleave:
             raise DraftGymError("--profile-first needs --logs (the acceptance logs the simulator replays)")
         return None, None, None
-    from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
+    from simulator.logs.stream import LogSource
 
     def read(temperature: float):
         src = LogSource(cfg.logs, model=cfg.model, temperature=temperature, widths="all", dtype=logs_dtype,
                         progress=cfg.progress)
-        budget = cfg.max_positions_in_memory or DEFAULT_MAX_POSITIONS
+        budget = cfg.max_positions_in_memory
         logs = _with_default_width(src.sample(budget, seed=cfg.seed, include=prompt_ids), cfg.logs)
         return logs, (src if src.n_positions > budget else None)
 
@@ -264,7 +265,6 @@ def simulator_side(cfg: ValidateConfig, logs, source, note, engine, tokenizer, d
     from simulator import baselines as B
     from simulator.evaluate import grid_part, grid_search_parts, pick_tune_split
     from simulator.latency_model import LatencyModel
-    from simulator.logs.stream import DEFAULT_MAX_POSITIONS
 
     lat_root, interleave = cfg.logs, None
     if cfg.profile_first or cfg.profile_interleave:
@@ -280,7 +280,7 @@ def simulator_side(cfg: ValidateConfig, logs, source, note, engine, tokenizer, d
     if source is None:
         gs = B.grid_search(logs.select(tune), lat)
     else:
-        space, budget = B.static_space(source.sel), cfg.max_positions_in_memory or DEFAULT_MAX_POSITIONS
+        space, budget = B.static_space(source.sel), cfg.max_positions_in_memory
         gs = grid_search_parts((grid_part(c, tune, lat, space) for c in source.chunks(budget, "grid search", scores=False)),
                                space)
     grid = {d: tuple(v["config"]) for d, v in gs["by_dataset"].items()}

@@ -65,9 +65,11 @@ WINDOWS = 8      # RADAR and Re-SpS on logs larger than the window: the run is c
                  # part k trained on window k (LTD: one window per phase, its eight phases)
 
 
-def window_starts(total: int) -> set[int]:
-    """The steps (or updates) of a loop of `total` at which window k = 1 .. WINDOWS - 1 begins."""
-    return {k * total // WINDOWS for k in range(1, WINDOWS)} - {0}
+def window_starts(total: int) -> dict[int, int]:
+    """{step (or update) of a loop of `total`: the window k = 1, 2, ... that begins there} (at most
+    WINDOWS - 1 of them; fewer when total < WINDOWS)."""
+    starts = sorted({k * total // WINDOWS for k in range(1, WINDOWS)} - {0})
+    return {s: k for k, s in enumerate(starts, 1)}
 
 
 @dataclass

@@ -130,11 +130,11 @@ def ppo_train(env, cfg: PPOConfig, actor=None, critic=None, validate=None, desc:
     best_val, best_actor = -np.inf, None
     bar = tqdm(range(n_updates), desc=desc, unit="upd", disable=not progress, leave=False)
     t0, raw_r = time.perf_counter(), []
-    starts = sorted(window_starts(n_updates)) if refill is not None else []
+    starts = window_starts(n_updates) if refill is not None else {}
     for upd in bar:
         if upd in starts:
             env = None
-            env = refill(starts.index(upd) + 1)
+            env = refill(starts[upd])
             o, _ = env.reset(seed=cfg.seed + upd)
             if norm is not None:
                 norm.ret[:] = 0.0                                   # the open episodes ended here

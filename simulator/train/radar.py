@@ -63,7 +63,7 @@ def train_radar(data: TrainData, cfg: RadarConfig, progress: bool = True) -> dic
                                         radar_reward=cfg.reward, episode_cycles=1, autoreset=False, seed=cfg.seed,
                                         obs_variant=cfg.obs_variant, objective=cfg.objective, rate_ref=cfg.rate_ref)
     env = make(data.train)
-    refill = window_starts(cfg.steps) if data.refill is not None else set()   # large logs: a new window per part
+    refill = window_starts(cfg.steps) if data.refill is not None else {}   # large logs: a new window per part
     net = make_radar_net(env.obs_dim, cfg.hidden, cfg.mlp_hidden, 2)
     opt = torch.optim.Adam(net.parameters(), lr=cfg.lr)
     rng = np.random.default_rng(cfg.seed)
@@ -76,7 +76,7 @@ def train_radar(data: TrainData, cfg: RadarConfig, progress: bool = True) -> dic
     for step in bar:
         if step in refill:                                  # every episode starts at this reset: none is cut
             env = None
-            env = make(data.window(sorted(refill).index(step) + 1))
+            env = make(data.window(refill[step]))
         o, _ = env.reset(seed=int(rng.integers(2**31)))
         state = net.init_state(cfg.batch)
         alive = np.ones(cfg.batch, bool)
