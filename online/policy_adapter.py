@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.decode.controller import Controller, TreeShape
+from pipeline.decode.controller import Controller, StepShape
 from pipeline.errors import DraftGymError
 from pipeline.logs.schema import DEFAULT_MAX_DEPTH
 from simulator.observations import paper as obs
@@ -54,7 +54,7 @@ class PolicyController(Controller):
         self.plan_one = getattr(policy, "plan_one", None)
         self.continue_one = getattr(policy, "continue_one", None)
         self.verify_size_one = getattr(policy, "verify_size_one", None)
-        self.shapes = {}            # (D, W, V) -> TreeShape, built once each
+        self.shapes = {}            # (D, W, V) -> StepShape, built once each
 
     def reset(self):
         self.calls = 0          # policy inferences, counted as the replay counts them (replay.simulate)
@@ -68,7 +68,7 @@ class PolicyController(Controller):
             key = self.plan_one(ctx)
             shape = self.shapes.get(key)
             if shape is None:
-                shape = self.shapes[key] = TreeShape(*key)
+                shape = self.shapes[key] = StepShape(*key)
             return shape
         last = ctx.last
         # [6, 1]: the previous cycle's D, W, V, L, emitted, and this context length; one array
@@ -80,7 +80,7 @@ class PolicyController(Controller):
             last_depth=lv[0], last_width=lv[1], last_verify=lv[2],
             last_accepted=lv[3], last_emitted=lv[4], last_root_scores=self.root[None]))
         self.calls += int(np.asarray(sh.calls).ravel()[0]) if sh.calls is not None else 0
-        return TreeShape(int(sh.depth[0]), int(sh.width[0]), int(sh.verify[0]))
+        return StepShape(int(sh.depth[0]), int(sh.width[0]), int(sh.verify[0]))
 
     def continue_drafting(self, step):
         if not self.policy.uses_depth_hook:

@@ -15,13 +15,11 @@ import math
 import pytest
 import torch
 
-import pipeline.decode.batch_engine as batch_engine_mod
-import pipeline.decode.batch_step as batch_step_mod
 import pipeline.decode.batch_verify as batch_verify_mod
 from pipeline.decode.batch_engine import BatchEngine
-from pipeline.decode.batch_verify import (accept_greedy_batch, paths_to_accepted, select_trees, tree_masks)
+from pipeline.decode.batch_verify import accept_greedy_batch, select_trees, tree_masks
 from pipeline.decode.controller import (BatchController, ScheduleBatchController, ScriptedBatchController,
-                                        StaticBatchController, StaticController, StepShape, TreeShape)
+                                        StaticBatchController, StaticController, StepShape)
 from pipeline.decode.draft import expand_tree
 from pipeline.decode.engine import Engine
 from pipeline.decode.head import random_head
@@ -30,7 +28,7 @@ from pipeline.decode.tree import select_tree
 from pipeline.decode.verify import accept_greedy
 from pipeline.errors import DraftGymError
 from tests.conftest import make_tiny_llama
-from tests.test_lossless import biased_accept as biased_greedy
+from tests.test_lossless import plant_biased_rule
 from tests.test_sampling import PROMPT, VOCAB, chi_square_pvalue, exact_law
 from tests.test_sampling import biased_accept as biased_sampling
 
@@ -165,12 +163,6 @@ def test_sampling_law_at_batch_8_and_biased_rule_is_caught(monkeypatch):
     assert chi_square_pvalue(_law_counts(beng, shapes[:2], 9000), law) < 1e-5
 
 
-def _biased_batch(trees, logits):
-    """The biased greedy rule of tests/test_lossless.py (a draft in the target's top-2 is accepted), per row."""
-    paths, bonus = zip(*(biased_greedy(trees.row(r), logits[r]) for r in range(trees.tokens.shape[0])))
-    return paths_to_accepted(list(paths), trees.size, logits.device), torch.tensor(bonus)
-
-
 def test_bf16_real_rule_passes_biased_rule_fails(monkeypatch):
     """bf16 at B = 4 (a target with a wide logit range, as tests/test_lossless.py): every row is exact
     or a near-tie against batch-1 AR; the biased acceptance rule is caught as mismatches."""
@@ -191,8 +183,7 @@ def test_bf16_real_rule_passes_biased_rule_fails(monkeypatch):
 
     real = run()
     assert real["counts"]["mismatch"] == 0, real
-    for mod in (batch_engine_mod, batch_step_mod):            # the eager path and the graphed parts
-        monkeypatch.setattr(mod, "accept_greedy_batch", _biased_batch)
+    plant_biased_rule(monkeypatch)
     biased = run()
     assert biased["counts"]["mismatch"] >= 3, biased
     assert biased["counts"]["exact"] < real["counts"]["exact"]
@@ -271,7 +262,7 @@ def test_controller_sees_the_batch_and_the_step_log(tiny):
     assert table[0]["shape"] in ("off", "chain2") and table[0]["accepted_sum"] == sum(table[0]["accepted"])
 
     sched = ScheduleBatchController([(1, 2, StepShape.off()), (3, 5, StepShape.chain(3)),
-                                     (6, None, TreeShape(4, 3, 10))])
+                                     (6, None, StepShape(4, 3, 10))])
     max_new = [20, 3, 18, 5, 16, 7, 14, 9, 12, 11]            # rows leave one by one: the batch drains
     res = beng.generate(prompts, max_new, batch_size=7, controller=sched)
     assert [r.output_ids for r in res] == [a.output_ids[:m] for a, m in zip(ar, max_new)]

@@ -30,7 +30,6 @@ def test_bench_batch_tiny(tmp_path, tiny_model_dir, capsys):
     assert all(v["tokens"] == v["rows"] * v["verify_size"] and v["t_verify_ms"] > 0 for v in run["verify_cost"])
     assert {(d["rows"], d["width"]) for d in run["draft_step"]} >= {(1, 1), (1, 10), (2, 1), (2, 10)}
     assert run["hf_generate"]["batch"] == 2 and run["hf_generate"]["hf_tokens"] > 0 and run["hf_generate"]["ratio"] > 0
-    assert set(run["batch1_vs_engine"]) == set(names) and all(x["ratio"] > 0 for x in run["batch1_vs_engine"].values())
     assert "tokens/s against B" in printed and "float32" in printed and run["environment"]["cpu_model"] in printed
     assert r["tables"] in printed
 

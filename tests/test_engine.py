@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.decode.controller import Controller, StaticController, TreeShape
+from pipeline.decode.controller import Controller, StaticController, StepShape
 from pipeline.decode.draft import DraftKV, expand_tree
 from pipeline.decode.engine import Engine
 from pipeline.decode.head import random_head
@@ -152,7 +152,7 @@ class _RecordingController(Controller):
     """Stops drafting after 2 forwards, verifies 6 tokens, and records what it saw."""
 
     def __init__(self):
-        super().__init__(TreeShape(depth=8, width=3, verify_size=60))
+        super().__init__(StepShape(depth=8, width=3, verify_size=60))
         self.steps, self.records = [], []
 
     def continue_drafting(self, step):
@@ -189,4 +189,4 @@ def test_bad_inputs(tiny_llama):
     with pytest.raises(DraftGymError, match="prompt too long"):
         eng.generate_ar([1] * 600, 5)
     with pytest.raises(ValueError):
-        TreeShape(0, 10, 60)
+        StepShape(0, 10, 60)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pipeline.decode.engine as engine_mod
+import pipeline.decode.batch_engine as batch_engine_mod
+import pipeline.decode.batch_step as batch_step_mod
+from pipeline.decode.batch_verify import paths_to_accepted
 from pipeline.decode.controller import StaticController
 from pipeline.decode.engine import Engine
 from pipeline.decode.head import load_head_for, random_head
@@ -29,6 +31,18 @@ def biased_accept(tree, logits):
             return path, top2[node][0]
         path.append(nxt)
         node = nxt
+
+
+def biased_accept_batch(trees, logits):
+    """`biased_accept` row by row, as the engine's greedy acceptance (accepted [B, V], bonus [B])."""
+    paths, bonus = zip(*(biased_accept(trees.row(r), logits[r]) for r in range(trees.tokens.shape[0])))
+    return paths_to_accepted(list(paths), trees.size, logits.device), torch.tensor(bonus)
+
+
+def plant_biased_rule(monkeypatch) -> None:
+    """The engine accepts with `biased_accept_batch`: in its eager path and in its graphed parts."""
+    for mod in (batch_engine_mod, batch_step_mod):
+        monkeypatch.setattr(mod, "accept_greedy_batch", biased_accept_batch)
 
 
 def test_ulp_and_first_difference():
@@ -82,7 +96,7 @@ def test_tiny_bf16_real_rule_passes_biased_rule_fails(monkeypatch):
 
     real = run()
     assert real["counts"]["mismatch"] == 0, real
-    monkeypatch.setattr(engine_mod, "accept_greedy", biased_accept)
+    plant_biased_rule(monkeypatch)
     biased = run()
     assert biased["counts"]["mismatch"] >= 3, biased
     assert biased["counts"]["exact"] < real["counts"]["exact"]
@@ -115,7 +129,7 @@ def test_smollm2_bf16_shipped_head(monkeypatch):
     assert real["counts"]["near-tie"] >= 1, real                    # bf16 does part at near-ties
     for d in real["divergences"]:
         assert d["gap_ulps"] <= NEAR_TIE_ULPS[torch.bfloat16]
-    monkeypatch.setattr(engine_mod, "accept_greedy", biased_accept)
+    plant_biased_rule(monkeypatch)
     biased = run(16, 2)     # the biased rule parts from AR within 4-9 tokens on these prompts (AVX2 EPYC, bf16)
     assert biased["counts"]["mismatch"] == 2, biased
 

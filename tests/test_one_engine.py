@@ -1,26 +1,22 @@
-"""Batch 1 on the batched engine (`Engine(batched=True)`, the default on CUDA; issue N item 2).
+"""One engine (issue N item 2): `Engine` runs every generation on the batched engine at B = 1.
 
-The batch-1 `Engine` hands every generation to the batched engine at B = 1 (static caches, CUDA
-graphs on a GPU) and gets back the result and cycle records it gave before: here, on the CPU, the
-two paths of the same target and head must agree cycle for cycle in fp32 (tokens, depth, width,
-V, accepted, emitted, context) for static trees, chains, V = 1, a controller that plans from the
-last cycle, one with level hooks (stop early, V from the pool), EOS and sampling with seeds, and
-every simulator policy must make the replay's decisions through it as through the batch-1 path
-(tests/test_sim_online_parity.py's policies).
+It must give what the batch-1 loop it replaced gave (tests/reference_engine.py, the oracle), cycle
+for cycle in fp32 (tokens, depth, width, V, accepted, emitted, context), for static trees, chains,
+V = 1, a controller that plans from the last cycle, one with level hooks (stop early, V from the
+pool), EOS and sampling with seeds. That every simulator policy makes the replay's decisions on it
+is tests/test_sim_online_parity.py (its engine is this one).
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from online.policy_adapter import PolicyController
-from pipeline.decode.controller import Controller, StaticController, TreeShape
+from pipeline.decode.controller import Controller, StaticController, StepShape
 from pipeline.decode.engine import Engine
 from pipeline.decode.head import random_head
 from pipeline.errors import DraftGymError
-from simulator.replay import simulate
 from tests.conftest import make_tiny_llama
-from tests.test_sim_online_parity import DMAX, LAT, T, _policies, collected  # noqa: F401  (a fixture)
+from tests.reference_engine import ReferenceEngine
 
 
 def _cycles(res):
@@ -33,7 +29,7 @@ def engines():
     head = random_head(model, seed=0)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 6, (k,), generator=g).tolist() for k in (1, 4, 11, 2, 7, 3)]
-    return Engine(model, head, {4}), Engine(model, head, {4}, batched=True), prompts
+    return ReferenceEngine(model, head, {4}), Engine(model, head, {4}), prompts
 
 
 class Planner(Controller):
@@ -41,15 +37,15 @@ class Planner(Controller):
 
     def plan(self, ctx):
         if ctx.last is None:
-            return TreeShape(3, 2, 6)
-        return TreeShape(2 + min(ctx.last.accepted, 3), 1 + ctx.cycle % 3, 4 + ctx.last.accepted)
+            return StepShape(3, 2, 6)
+        return StepShape(2 + min(ctx.last.accepted, 3), 1 + ctx.cycle % 3, 4 + ctx.last.accepted)
 
 
 class Hooks(Controller):
     """Level hooks: stops when the best beam's score falls below -1.5; V from the pool's scores."""
 
     def __init__(self):
-        super().__init__(TreeShape(6, 3, 30))
+        super().__init__(StepShape(6, 3, 30))
         self.asks = 0
 
     def continue_drafting(self, step):
@@ -60,21 +56,11 @@ class Hooks(Controller):
         return 1 + int((pool.scores[0] > -2.0).sum())
 
 
-def test_default_is_batched_on_cuda_only(engines, monkeypatch):
-    eng, batched, _ = engines
-    assert eng.batched is None and batched.batched is not None       # on this CPU: the batch-1 path
-    monkeypatch.setenv("DRAFTGYM_ONE_ENGINE", "on")
-    assert Engine(eng.model, eng.head).batched is not None
-    monkeypatch.setenv("DRAFTGYM_ONE_ENGINE", "2")
-    with pytest.raises(DraftGymError, match="DRAFTGYM_ONE_ENGINE='2': expected one of"):
-        Engine(eng.model, eng.head)
-
-
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_ar_equals_the_batch1_path(engines, temperature):
-    eng, batched, prompts = engines
+def test_ar_equals_the_reference(engines, temperature):
+    ref, eng, prompts = engines
     for seed, p in enumerate(prompts):
-        a, b = eng.generate_ar(p, 24, temperature, seed), batched.generate_ar(p, 24, temperature, seed)
+        a, b = ref.generate_ar(p, 24, temperature, seed), eng.generate_ar(p, 24, temperature, seed)
         assert (b.output_ids, b.stop_reason, b.cycles) == (a.output_ids, a.stop_reason, [])
         assert b.wall_s > 0 and 0 < b.prefill_s <= b.wall_s
 
@@ -83,13 +69,13 @@ def test_ar_equals_the_batch1_path(engines, temperature):
                                   lambda: StaticController(1, 1, 1), lambda: StaticController(3, 4, 37), Planner,
                                   Hooks], ids=["tree", "chain", "v1", "tree2", "planner", "hooks"])
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_cycles_equal_the_batch1_path(engines, make, temperature):
-    eng, batched, prompts = engines
+def test_cycles_equal_the_reference(engines, make, temperature):
+    ref, eng, prompts = engines
     asks, depths, cycles = 0, set(), 0
     for seed, p in enumerate(prompts):
-        a = eng.generate(p, 30, temperature, seed, controller=make())
+        a = ref.generate(p, 30, temperature, seed, controller=make())
         ctrl = make()
-        b = batched.generate(p, 30, temperature, seed, controller=ctrl)
+        b = eng.generate(p, 30, temperature, seed, controller=ctrl)
         assert (b.output_ids, b.stop_reason) == (a.output_ids, a.stop_reason)
         assert _cycles(b) == _cycles(a)
         assert all(c.t_cycle >= c.t_draft + c.t_verify > 0 for c in b.cycles)
@@ -101,26 +87,9 @@ def test_cycles_equal_the_batch1_path(engines, make, temperature):
         assert asks > 0 and min(depths) < 6                                    # the hook stopped drafts
 
 
-def test_policies_make_the_replays_decisions(collected):
-    """Every policy of the sim == real test, online through the batched engine at B = 1."""
-    eng, logs, prompts = collected
-    batched = Engine(eng.model, eng.head, eng.eos, batched=True)
-    total = 0
-    for pol in _policies(logs):
-        sim = simulate(pol, logs, LAT, trace=True).trace
-        for s, prompt in enumerate(prompts):
-            real = batched.generate(prompt, T, controller=PolicyController(pol, max_depth=DMAX))
-            m = sim["seq"] == s
-            got = [(c.depth, c.verify_size, c.accepted) for c in real.cycles]
-            assert got == list(zip(sim["depth"][m].tolist(), sim["verify"][m].tolist(),
-                                   sim["accepted"][m].tolist())), pol.name
-            total += len(got)
-    assert total > 100
-
-
 def test_a_batch1_controller_refuses_more_rows(engines):
     from pipeline.decode.controller import OneRowController
 
-    _, batched, prompts = engines
+    _, eng, prompts = engines
     with pytest.raises(DraftGymError, match="runs at batch size 1"):
-        batched.batched.generate(prompts, 8, batch_size=2, controller=OneRowController(Planner()))
+        eng.batched.generate(prompts, 8, batch_size=2, controller=OneRowController(Planner()))

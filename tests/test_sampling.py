@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pipeline.decode.engine as engine_mod
+import pipeline.decode.batch_verify as batch_verify_mod
 from pipeline.decode.controller import StaticController
 from pipeline.decode.engine import Engine
 from pipeline.decode.head import random_head
@@ -95,7 +95,7 @@ def test_sampling_is_lossless(setup):
 
 def test_biased_rule_is_detected(setup, monkeypatch):
     model, head = setup
-    monkeypatch.setattr(engine_mod, "accept_sampling", biased_accept)
+    monkeypatch.setattr(batch_verify_mod, "accept_sampling", biased_accept)
     p_biased = chi_square_pvalue(empirical(Engine(model, head), "eagle3"), exact_law(model))
     print(f"chi-square p-value of the biased rule: {p_biased:.3g}")
     assert p_biased < 1e-6

@@ -11,6 +11,7 @@ import pytest
 from pipeline.decode.controller import Controller, StaticController
 from pipeline.decode.engine import Engine
 from pipeline.decode.head import random_head
+from pipeline.decode.target import base_model
 from pipeline.runtime.clock import DeviceClock
 
 DRAFT_S, TARGET_S, POLICY_S = 0.005, 0.020, 0.001
@@ -36,18 +37,19 @@ class FakeAsyncDevice:
 
 def async_engine(model, head, dev: FakeAsyncDevice) -> Engine:
     eng = Engine(model, head)
-    head_fwd, model_fwd = head.forward, model.forward
+    body = base_model(model)             # every target forward runs it once (the AR prefill calls it directly)
+    head_fwd, body_fwd = head.forward, body.forward
 
     def head_forward(*a, **kw):          # one draft forward: queued, returns at once
         dev.launch(DRAFT_S)
         return head_fwd(*a, **kw)
 
-    def model_forward(*a, **kw):         # one target forward (prefill or verify)
+    def body_forward(*a, **kw):          # one target forward (prefill or verify)
         dev.launch(TARGET_S)
-        return model_fwd(*a, **kw)
+        return body_fwd(*a, **kw)
 
-    head.forward, model.forward = head_forward, model_forward
-    eng.clock = DeviceClock("cpu", sync_fn=dev.sync, read_fn=dev.read)
+    head.forward, body.forward = head_forward, body_forward
+    eng.batched.clock = DeviceClock("cpu", sync_fn=dev.sync, read_fn=dev.read)   # the one engine's clock
     return eng
 
 

@@ -20,9 +20,6 @@ methods interleaved within each B. Figures:
                      (t_draft holds the pending-entry forward and the tree selection too)
   HF generate        batched AR against transformers' `generate` (greedy, left-padded, the same
                      packed model) on the first --hf-batch prompts at B = --hf-batch
-  batch 1 vs Engine  the batched engine's B = 1 tokens/s over the batch-1 Engine's on the first
-                     --engine-prompts prompts, interleaved prompt by prompt in alternating order:
-                     the cost of the batched bookkeeping
   same as AR         rows whose output equals AR's at the same B (fp32: all of them)
 
 Printed: Markdown tables naming the CPU model and the dtype; written (--out): the JSON. --dry-run
@@ -142,27 +139,6 @@ def hf_generate(model, tokenizer, prompts: list[list[int]], max_new: int, eos: s
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else 0.0}
 
 
-def batch1_against_engine(beng, eng, name: str, shape, prompts, max_new: int) -> dict:
-    """The batched engine at B = 1 against the batch-1 Engine, interleaved: prompt by prompt, both
-    engines decode it, in alternating order (drift of the machine falls on both alike). Each side:
-    new tokens / summed wall."""
-    from pipeline.decode.controller import StaticController
-
-    tokens, wall = {"batch": 0, "engine": 0}, {"batch": 0.0, "engine": 0.0}
-    for i, p in enumerate(prompts):
-        for side in (("engine", "batch") if i % 2 == 0 else ("batch", "engine")):
-            if side == "engine":
-                r = (eng.generate_ar(p, max_new) if name == AR else
-                     eng.generate(p, max_new, controller=StaticController(*shape)))
-            else:
-                r = run_method(beng, name, shape, [p], max_new, 1)
-            tokens[side] += r.new_tokens
-            wall[side] += r.wall_s
-    b, e = (tokens[k] / wall[k] if wall[k] > 0 else 0.0 for k in ("batch", "engine"))
-    return {"prompts": len(prompts), "batch_engine_tokens_per_s": b, "engine_tokens_per_s": e,
-            "ratio": b / e if e else None}
-
-
 def best_and_crossover(tps: dict[str, dict[int, float]], batch_sizes) -> tuple[dict, int | None]:
     """({B: the best static shape}, the smallest B from which AR beats every shape, or None)."""
     spec = [n for n in tps if n != AR]
@@ -176,7 +152,6 @@ def best_and_crossover(tps: dict[str, dict[int, float]], batch_sizes) -> tuple[d
 
 def run_dtype(args, dtype: str, methods: dict, batch_sizes) -> dict:
     from pipeline.decode.batch_engine import BatchEngine
-    from pipeline.decode.engine import Engine
     from pipeline.decode.head import load_head_for
     from pipeline.decode.target import load_target
     from pipeline.runtime.fingerprint import environment_fingerprint
@@ -184,7 +159,6 @@ def run_dtype(args, dtype: str, methods: dict, batch_sizes) -> dict:
     target = load_target(args.model, dtype=dtype)
     head = load_head_for(args.head, target.model)
     beng = BatchEngine(target.model, head, target.eos_token_ids)
-    eng = Engine(target.model, head, target.eos_token_ids)
     chosen = select_prompts(args, target.tokenizer)
     prompts = [ids for _, ids in chosen]
     for name, shape in methods.items():                                       # warm-up, untimed
@@ -215,13 +189,6 @@ def run_dtype(args, dtype: str, methods: dict, batch_sizes) -> dict:
         run["hf_generate"] = {"batch": len(sub), "batch_engine_ar_tokens_per_s": ours.tokens_per_s,
                               "hf_generate_tokens_per_s": hf["tokens_per_s"], "hf_tokens": hf["tokens"],
                               "ratio": ours.tokens_per_s / hf["tokens_per_s"] if hf["tokens_per_s"] else None}
-    if args.engine_prompts:
-        run["batch1_vs_engine"] = {}
-        for name, shape in methods.items():                                   # warm-up, untimed
-            batch1_against_engine(beng, eng, name, shape, prompts[:1], 8)
-        for name, shape in methods.items():
-            run["batch1_vs_engine"][name] = batch1_against_engine(beng, eng, name, shape,
-                                                                  prompts[: args.engine_prompts], args.max_new_tokens)
     return run
 
 
@@ -257,12 +224,6 @@ def tables(report: dict) -> str:
             h = run["hf_generate"]
             out += ["", f"batched AR at B = {h['batch']}: {h['batch_engine_ar_tokens_per_s']:.1f} tokens/s against HF "
                         f"generate {h['hf_generate_tokens_per_s']:.1f} ({h['ratio']:.2f}x) ({where})"]
-        if run.get("batch1_vs_engine"):
-            out += ["", f"### batched engine at B = 1 against the batch-1 Engine ({where})", "",
-                    f"interleaved, {next(iter(run['batch1_vs_engine'].values()))['prompts']} prompts", "",
-                    "| method | BatchEngine B = 1 tokens/s | Engine tokens/s | ratio |", "|---|---|---|---|"]
-            out += [f"| {n} | {r['batch_engine_tokens_per_s']:.1f} | {r['engine_tokens_per_s']:.1f} | {r['ratio']:.3f} |"
-                    for n, r in run["batch1_vs_engine"].items()]
         out.append("")
     return "\n".join(out)
 
@@ -286,8 +247,6 @@ def main(argv=None) -> int:
                                                    "device's default, pipeline.decode.target.resolve_dtype_name)")
     ap.add_argument("--hf-batch", type=int, default=16, help="B of the batched-AR against HF generate comparison "
                                                             "(0: skip)")
-    ap.add_argument("--engine-prompts", type=int, default=8, help="prompts of the interleaved batch-1 comparison "
-                                                                 "with the batch-1 Engine (0: skip)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (no model loads)")
     ap.add_argument("--out", default=None, help="write the JSON report here (default: print only)")
     args = ap.parse_args(argv)
@@ -304,8 +263,7 @@ def main(argv=None) -> int:
     dtypes = [resolve_dtype_name(d) for d in args.dtypes.split(",")] if args.dtypes else [resolve_dtype_name(None)]
     config = {"model": args.model, "head": args.head, "dataset": args.dataset, "split": args.split,
               "n_prompts": args.n_prompts, "max_new_tokens": args.max_new_tokens, "batch_sizes": list(batch_sizes),
-              "methods": {n: list(s) for n, s in methods.items()}, "dtypes": dtypes, "hf_batch": args.hf_batch,
-              "engine_prompts": args.engine_prompts}
+              "methods": {n: list(s) for n, s in methods.items()}, "dtypes": dtypes, "hf_batch": args.hf_batch}
     report = {"command": "python -m online.bench.batch " + " ".join(argv if argv is not None else sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "config": config,
               "generations": len(dtypes) * len(batch_sizes) * len(methods), "runs": []}

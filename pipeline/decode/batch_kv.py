@@ -52,14 +52,34 @@ class BatchSlotKV:
         self.pos = torch.zeros(B, dtype=torch.long, device=device)   # [A] write index of this forward
         self.span = 1                                                 # keys read: [0, span)
 
+    @property
+    def pos(self) -> torch.Tensor:
+        return self._pos
+
+    @pos.setter
+    def pos(self, value: torch.Tensor) -> None:
+        self._pos, self._flat = value, None                           # the next update builds its indices
+
     def update(self, k, v, layer_idx, *args, **kwargs):
-        """k, v: [A, n_kv, q, d] -> written at (r, pos[r] + i); returns keys/values [A, n_kv, span, d]."""
-        A, q = k.shape[0], k.shape[2]
-        idx = self.pos[:, None] + torch.arange(q, device=k.device)             # [A, q]
-        rows = _rows_index(A, k.device)
-        self.k[layer_idx][rows, :, idx] = k.transpose(1, 2)                    # [A, q, n_kv, d]
-        self.v[layer_idx][rows, :, idx] = v.transpose(1, 2)
-        return self.k[layer_idx][:, :, : self.span], self.v[layer_idx][:, :, : self.span]
+        """k, v: [A, n_kv, q, d] -> written at (r, h, pos[r] + i); returns keys/values [A, n_kv, span, d].
+
+        One index_copy_ into the store seen flat, [A * n_kv * S, d], at
+
+            flat[r, h, i] = (r * n_kv + h) * S + pos[r] + i                        [A * n_kv * q]
+
+        built once per forward (at layer 0, or when `pos` is set; every layer writes the same places),
+        in k's own element order. An advanced-index write (store[rows, :, idx] = ...) would rebuild
+        its indices in every layer, a cost the batch-1 loop's DynamicCache never paid."""
+        A, n_kv, q, d = k.shape
+        if layer_idx == 0 or self._flat is None or self._flat.numel() != A * n_kv * q:     # a new forward
+            S = self.k[0].shape[2]
+            slot = torch.arange(A * n_kv, device=k.device).view(A, n_kv, 1) * S                # [A, n_kv, 1]
+            at = self.pos[:, None] + torch.arange(q, device=k.device)                          # [A, q]
+            self._flat = (slot + at[:, None, :]).reshape(-1)                                   # [A * n_kv * q]
+        K, V = self.k[layer_idx], self.v[layer_idx]
+        K.view(-1, d).index_copy_(0, self._flat, k.reshape(-1, d))
+        V.view(-1, d).index_copy_(0, self._flat, v.reshape(-1, d))
+        return K[:, :, : self.span], V[:, :, : self.span]
 
     def load(self, slot: int, cache, n: int, row: int = 0) -> None:
         """Copy row `row`'s first n entries of a DynamicCache into slot `slot`, indices [0, n)."""

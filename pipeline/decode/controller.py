@@ -1,21 +1,24 @@
 """The controller interface: how policies steer the engine without touching it.
 
-The engine calls, in each cycle:
-  1. `plan(ctx)` once, before drafting            -> TreeShape(depth, width, verify_size)
+One engine (pipeline/decode/batch_engine.py) decodes at every batch size, one shape per step for all
+its rows, as SGLang and vLLM do; one shape type, StepShape (D, W, V): off (D = 0, V = 1, a plain AR
+step), a chain (W = 1, V = D + 1) or an EAGLE-3 tree.
+
+A batch controller has two hooks: `plan(BatchStepContext)` -> StepShape once per step, and
+`observe(StepRecord)` after it. Provided: StaticBatchController (one shape; off every step is AR at
+batch B), ScheduleBatchController (batch-size ranges -> shape) and ScriptedBatchController (a fixed
+sequence of shapes).
+
+A batch-1 `Controller` (the policies of the papers decide per sequence) is asked, in each cycle:
+  1. `plan(ctx)` once, before drafting            -> StepShape(depth, width, verify_size)
      (Re-SpS-style shape policies; `depth` is the maximum number of draft forwards)
   2. `continue_drafting(step)` after every draft forward but the last allowed one
      -> False stops drafting there (LTD / RADAR depth policies, DDD, entropy stops)
   3. `verify_size(pool, shape)` once, before verification -> V (LTD size policy)
   4. `observe(record)` after the cycle, with what happened (for held actions, histories)
-The engine times all controller calls together as t_controller (device-synchronised).
-
-At batch size B (pipeline/decode/batch_engine.py) one shape serves every row of a step, so the
-batch controller has two hooks: `plan(BatchStepContext)` -> StepShape (off, chain or tree) once per
-step, and `observe(StepRecord)` after it. Provided: StaticBatchController (one shape; off every
-step is AR at batch B), ScheduleBatchController (batch-size ranges -> shape) and
-ScriptedBatchController (a fixed sequence of shapes). OneRowController runs a batch-1 Controller
-on the batched engine at B = 1, its level hooks included (the engine then drafts that step level
-by level, eagerly: each ask reads the host).
+`OneRowController` runs it on the engine at B = 1 (what `Engine` does): plan sees a CycleContext,
+observe a CycleRecord; with level hooks the engine drafts that step level by level, eagerly (each
+ask reads the host). The engine times all controller calls together as t_controller.
 """
 from __future__ import annotations
 
@@ -29,15 +32,49 @@ DEFAULT_DEPTH, DEFAULT_WIDTH, DEFAULT_VERIFY_SIZE = EAGLE3_DEFAULT_SHAPE
 
 
 @dataclass(frozen=True)
-class TreeShape:
-    depth: int = DEFAULT_DEPTH              # D: draft forwards (max, when a depth policy stops early)
-    width: int = DEFAULT_WIDTH              # W: top_k
-    verify_size: int = DEFAULT_VERIFY_SIZE  # V: tokens verified, root included
+class StepShape:
+    """The shape of one step, at any batch size: D draft forwards over W beams, V tokens verified
+    per row (root included; D is the most forwards when a depth policy stops early). Off: D = 0,
+    V = 1. Chain: W = 1, V = D + 1. Otherwise an EAGLE-3 tree."""
+
+    depth: int = DEFAULT_DEPTH
+    width: int = DEFAULT_WIDTH
+    verify_size: int = DEFAULT_VERIFY_SIZE
 
     def __post_init__(self):
-        for name in ("depth", "width", "verify_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if int(self.depth) < 0 or int(self.width) < 1 or int(self.verify_size) < 1:
+            raise ValueError(f"a step shape needs depth >= 0, width >= 1, verify_size >= 1, got {self}")
+        if int(self.depth) == 0 and int(self.verify_size) != 1:
+            raise ValueError(f"a step with no draft (depth 0) verifies the root only (verify_size 1), got {self}")
+
+    @classmethod
+    def off(cls) -> "StepShape":
+        return cls(0, 1, 1)
+
+    @classmethod
+    def chain(cls, depth: int) -> "StepShape":
+        return cls(depth, 1, depth + 1)
+
+    @classmethod
+    def of(cls, shape) -> "StepShape":
+        """Any (depth, width, verify_size) object as a StepShape."""
+        return cls(shape.depth, shape.width, shape.verify_size)
+
+    @property
+    def is_off(self) -> bool:
+        return self.depth == 0
+
+    @property
+    def kind(self) -> str:
+        return "off" if self.is_off else ("chain" if self.width == 1 else "tree")
+
+    def label(self) -> str:
+        """'off', 'chain3' or 'tree(8,10,60)' (for step logs and reports)."""
+        if self.is_off:
+            return "off"
+        if self.width == 1 and self.verify_size == self.depth + 1:
+            return f"chain{self.depth}"
+        return f"tree({self.depth},{self.width},{self.verify_size})"
 
 
 @dataclass
@@ -74,19 +111,19 @@ class CycleRecord:
 class Controller:
     """Base controller: a fixed shape, never stops early. Subclass and override any hook."""
 
-    def __init__(self, shape: TreeShape | None = None):
-        self.shape = shape or TreeShape()
+    def __init__(self, shape: StepShape | None = None):
+        self.shape = shape or StepShape()
 
     def reset(self) -> None:
         """Called at the start of every generation."""
 
-    def plan(self, ctx: CycleContext) -> TreeShape:
+    def plan(self, ctx: CycleContext) -> StepShape:
         return self.shape
 
     def continue_drafting(self, step: DraftStep) -> bool:
         return True
 
-    def verify_size(self, pool: DraftPool, shape: TreeShape) -> int:
+    def verify_size(self, pool: DraftPool, shape: StepShape) -> int:
         return shape.verify_size
 
     def observe(self, record: CycleRecord) -> None:
@@ -97,57 +134,12 @@ class StaticController(Controller):
     """Static EAGLE-3: the same (D, W, V) every cycle."""
 
     def __init__(self, depth: int = DEFAULT_DEPTH, width: int = DEFAULT_WIDTH, verify_size: int = DEFAULT_VERIFY_SIZE):
-        super().__init__(TreeShape(depth, width, verify_size))
+        super().__init__(StepShape(depth, width, verify_size))
 
 
 # -- serving at batch size B ----------------------------------------------------------------------
-# The batched engine (pipeline/decode/batch_engine.py) runs ONE shape per step for all its rows, as
-# SGLang and vLLM do. Its controller is asked once per step, sees the batch, and returns that shape;
-# a step may be "off" (D = 0, V = 1: a plain AR step), which TreeShape cannot express.
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """The shape of one batched step: D draft forwards over W beams, V tokens verified per row
-    (root included). Off: D = 0, V = 1. Chain: W = 1, V = D + 1. Otherwise an EAGLE-3 tree."""
-
-    depth: int = DEFAULT_DEPTH
-    width: int = DEFAULT_WIDTH
-    verify_size: int = DEFAULT_VERIFY_SIZE
-
-    def __post_init__(self):
-        if int(self.depth) < 0 or int(self.width) < 1 or int(self.verify_size) < 1:
-            raise ValueError(f"a step shape needs depth >= 0, width >= 1, verify_size >= 1, got {self}")
-        if int(self.depth) == 0 and int(self.verify_size) != 1:
-            raise ValueError(f"a step with no draft (depth 0) verifies the root only (verify_size 1), got {self}")
-
-    @classmethod
-    def off(cls) -> "StepShape":
-        return cls(0, 1, 1)
-
-    @classmethod
-    def chain(cls, depth: int) -> "StepShape":
-        return cls(depth, 1, depth + 1)
-
-    @classmethod
-    def of(cls, shape: "TreeShape | StepShape") -> "StepShape":
-        return cls(shape.depth, shape.width, shape.verify_size)
-
-    @property
-    def is_off(self) -> bool:
-        return self.depth == 0
-
-    @property
-    def kind(self) -> str:
-        return "off" if self.is_off else ("chain" if self.width == 1 else "tree")
-
-    def label(self) -> str:
-        """'off', 'chain3' or 'tree(8,10,60)' (for step logs and reports)."""
-        if self.is_off:
-            return "off"
-        if self.width == 1 and self.verify_size == self.depth + 1:
-            return f"chain{self.depth}"
-        return f"tree({self.depth},{self.width},{self.verify_size})"
+# The engine (pipeline/decode/batch_engine.py) runs ONE shape per step for all its rows, as SGLang
+# and vLLM do. Its controller is asked once per step, sees the batch, and returns that shape.
 
 
 @dataclass
@@ -212,7 +204,7 @@ class BatchController:
 
     uses_confidence = False
 
-    def __init__(self, shape: StepShape | TreeShape | None = None):
+    def __init__(self, shape: StepShape | None = None):
         self.shape = StepShape.of(shape) if shape is not None else StepShape()
 
     def reset(self) -> None:
@@ -293,7 +285,7 @@ class OneRowController(BatchController):
     def __init__(self, controller: Controller):
         self.inner = controller
         self.level_hooks = uses_level_hooks(controller)
-        self.shape = StepShape.of(getattr(controller, "shape", None) or TreeShape())
+        self.shape = StepShape.of(getattr(controller, "shape", None) or StepShape())
 
     def reset(self) -> None:
         self.inner.reset()
@@ -310,7 +302,7 @@ class OneRowController(BatchController):
         return self.inner.continue_drafting(step)
 
     def verify_size(self, pool: DraftPool, shape: StepShape) -> int:
-        return self.inner.verify_size(pool, TreeShape(shape.depth, shape.width, shape.verify_size))
+        return self.inner.verify_size(pool, shape)
 
     def observe(self, record: StepRecord) -> None:
         """As the batch-1 engine: the controller gets the cycle's record before its controller and

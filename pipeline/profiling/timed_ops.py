@@ -96,29 +96,23 @@ def repeat_rows(cache, batch: int) -> None:
 def verify_op(model, V: int, context_len: int, head: Eagle3Head | None = None, batch: int = 1) -> Callable[[], None]:
     """A closure running one V-token verify on a cache holding `context_len` tokens (per row).
 
-    With `head`: the engine's whole verify phase (`Engine.verify_commit`: forward, greedy acceptance,
-    KV compaction, feature fusion), i.e. what a cycle's t_verify measures; this is what the profile
-    uses. Without: the bare target forward (hidden states included). batch > 1: `batch_verify_op`."""
+    With `head`: the whole verify phase (forward, greedy acceptance, KV compaction, feature fusion:
+    `batch_verify_op`, at any batch), i.e. what a cycle's t_verify measures. Without, at batch 1: the
+    bare target forward (hidden states included)."""
     from transformers import DynamicCache
-
-    from pipeline.decode.engine import Engine
 
     dev = next(model.parameters()).device
     cache = DynamicCache(config=model.config)
     ctx = torch.randint(0, model.config.vocab_size, (1, context_len), device=dev)
     target_forward(model, ctx, torch.arange(context_len, device=dev)[None], cache, hidden_states=False, last_only=True)
     tree = chain_tree(V, dev)
-    if batch > 1:
+    if batch > 1 or head is not None:
         repeat_rows(cache, batch)
         return batch_verify_op(model, tree, context_len, cache, batch, head)
-    engine = Engine(model, head) if head is not None else None
 
     def run():
         with torch.inference_mode():
-            if engine is not None:
-                engine.verify_commit(tree, context_len, cache)
-            else:
-                verify_tree(model, tree, context_len, cache)
+            verify_tree(model, tree, context_len, cache)
             crop_cache(cache, context_len)
     return run
 
@@ -175,8 +169,8 @@ def draft_op(head: Eagle3Head, W: int, context_len: int, tree_entries: int = 0, 
 
 @torch.inference_mode()
 def prefill_op(model, head: Eagle3Head, n: int) -> Callable[[], None]:
-    """A closure running one request's prefill as the engines do (Engine.generate, the batched
-    engine's _fill): the target forward over n prompt tokens with hidden states, on a fresh cache,
+    """A closure running one request's prefill as the engine does (BatchEngine._fill): the target
+    forward over n prompt tokens with hidden states, on a fresh cache,
     the head's fusion of the n feature vectors and its forward over entries 0 .. n - 2."""
     from transformers import DynamicCache
 

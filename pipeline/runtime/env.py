@@ -1,4 +1,4 @@
-"""On/off switches read from the environment (DRAFTGYM_CUDA_GRAPHS, DRAFTGYM_ONE_ENGINE, ...)."""
+"""On/off switches read from the environment (DRAFTGYM_CUDA_GRAPHS, ...)."""
 from __future__ import annotations
 
 import os

@@ -1,0 +1,68 @@
+"""The one engine at batch 1 against the batch-1 loop it replaced (issue N item 2's CPU goal: AR and
+the grid-best tree within 2 %), interleaved in one run on the same target, head and prompts.
+
+    PYTHONPATH=. .venv/bin/python docs/adhoc/one_engine_cpu.py [DTYPE] [N_PROMPTS] [MAX_NEW] [ROUNDS]
+
+"before" is tests/reference_engine.py, the batch-1 loop (growing DynamicCache) as `Engine` ran it
+until 2026-11-27, its clock reads left out (perf_counter on a CPU); "after" is `Engine` (the batched
+engine at B = 1). Each side is timed the same way, perf_counter around the whole generation
+(prefill included). Prompt by prompt both decode it, the order alternating, so the machine's drift
+falls on both alike. Prints per method: tokens/s of each, after / before, and whether every output
+is equal (fp32: it must be).
+"""
+import json
+import sys
+import time
+
+import torch
+
+from pipeline.datasets import load_prompts
+from pipeline.decode.controller import StaticController
+from pipeline.decode.engine import Engine
+from pipeline.decode.head import load_head_for
+from pipeline.decode.target import encode_prompt, load_target
+from pipeline.runtime.fingerprint import cpu_model
+from tests.reference_engine import ReferenceEngine
+
+dtype = sys.argv[1] if len(sys.argv) > 1 else "float32"
+n_prompts = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+METHODS = {"ar": None, "grid-best (3, 10, 8)": (3, 10, 8), "static default (8, 10, 60)": (8, 10, 60),
+           "chain 3 (3, 1, 4)": (3, 1, 4)}
+
+t = load_target("smollm2-135m", dtype=dtype)
+head = load_head_for("default", t.model)
+sides = {"before": ReferenceEngine(t.model, head, t.eos_token_ids), "after": Engine(t.model, head, t.eos_token_ids)}
+recs = load_prompts("mt-bench", "test")
+prompts = [p for p in (encode_prompt(t.tokenizer, list(r.messages)) for r in recs) if len(p) <= 256][:n_prompts]
+
+
+def run(eng, shape, p):
+    t0 = time.perf_counter()
+    r = eng.generate_ar(p, max_new) if shape is None else eng.generate(p, max_new, controller=StaticController(*shape))
+    return r, time.perf_counter() - t0
+
+
+print(f"cpu: {cpu_model()}  threads: {torch.get_num_threads()}  dtype: {dtype}  prompts: {len(prompts)}  "
+      f"max_new: {max_new}  rounds: {rounds}", flush=True)
+for shape in METHODS.values():                                             # warm-up, untimed
+    for eng in sides.values():
+        run(eng, shape, prompts[0])
+report = {}
+for name, shape in METHODS.items():
+    tok, wall, equal = {"before": 0, "after": 0}, {"before": 0.0, "after": 0.0}, True
+    for k in range(rounds):
+        for i, p in enumerate(prompts):
+            outs = {}
+            for side in (("before", "after") if (i + k) % 2 == 0 else ("after", "before")):
+                r, s = run(sides[side], shape, p)
+                tok[side] += r.new_tokens
+                wall[side] += s
+                outs[side] = r.output_ids
+            equal &= outs["before"] == outs["after"]
+    b, a = tok["before"] / wall["before"], tok["after"] / wall["after"]
+    report[name] = {"before_tokens_per_s": b, "after_tokens_per_s": a, "after_over_before": a / b, "equal": equal}
+    print(f"{name:28s} before {b:6.2f} tok/s  after {a:6.2f} tok/s  after/before {a / b:.3f}  outputs equal: {equal}",
+          flush=True)
+print(json.dumps(report))
