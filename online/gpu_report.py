@@ -150,13 +150,15 @@ def render_markdown(rep: dict) -> str:
         shapes = spec["shapes"]
         g = spec.get("graphs") or {}
         lines += ["Batched engine step by batch size (ms, median t_step; in brackets break-even tau = "
-                  "t_step / AR's t_step; x bound = AR's t_step / the weight-read bound; span bucket "
+                  "t_step / AR's t_step; x bound = AR's t_step / the weight-read bound; AR timed / untimed = "
+                  "the wall time of AR's call with the step's phase marks over the same call without; span bucket "
                   f"{spec.get('span_bucket', '-')}; mode graphs = replayed from CUDA graphs"
                   + (f", {g['captures']} captures in {_f(g['capture_s'])} s" if g.get("captures") is not None else "")
                   + (f", capture FAILED: {g['failure']}" if g.get("failure") else "") + "):", ""]
-        lines += _table(["B", "mode"] + [s if s == "ar" else f"({s})" for s in shapes] + ["AR x bound"],
+        lines += _table(["B", "mode"] + [s if s == "ar" else f"({s})" for s in shapes] + ["AR x bound", "AR timed / untimed"],
                         [[r["B"], r.get("mode", "eager")] + [_batch_cell(r.get(s)) for s in shapes]
-                         + [_f((r.get("ar") or {}).get("x_bound"))] for r in spec["rows"]])
+                         + [_f((r.get("ar") or {}).get("x_bound")), _f((r.get("ar") or {}).get("timed_over_untimed"), "{:.3f}")]
+                         for r in spec["rows"]])
     elif spec:
         lines += [f"Batched engine: {spec.get('status')} ({spec.get('reason')}).", ""]
     prof = steps.get("profile", {})

@@ -21,6 +21,12 @@ class TickClock:
     def __call__(self) -> float:
         return float(next(self.t))
 
+    mark = __call__                         # a step's phase marks are readings too (as DeviceClock's on a CPU)
+
+    @staticmethod
+    def seconds(a: float, b: float) -> float:
+        return b - a
+
 
 @pytest.fixture(scope="module")
 def tiny():

@@ -6,8 +6,8 @@ differ from the CPU's. Each test is what the GPU could break:
 
 - the engine: greedy EAGLE-3 output equals AR output in fp32, for trees, chains and V = 1;
 - lossless in bf16: every divergence from AR is a rounding near-tie (pipeline/decode/lossless.py);
-- timing: a DeviceClock read returns only after the device has run everything queued, and the
-  engine's per-cycle times add up inside the cycle; on CUDA, a draft level costs about the same at
+- timing: a DeviceClock read returns only after the device has run everything queued, the
+  engine's per-cycle times add up inside the cycle, and a step's phase marks are CUDA events; on CUDA, a draft level costs about the same at
   depth 5 as at depth 2 (the SDPA kernels chosen: cuDNN's re-planning made deep drafts dear);
 - batched generation: every row equals batch-1 AR (fp32), or parts from it at a near-tie (bf16);
 - the batched engine's CUDA graphs: captured without a failure and replayed, the same tokens and
@@ -110,6 +110,24 @@ def test_cycle_times_add_up(device):
         assert c.t_draft > 0 and c.t_verify > 0 and c.t_controller >= 0
         assert c.t_draft + c.t_verify + c.t_controller <= c.t_cycle * (1 + 1e-9)
     assert sum(c.t_cycle for c in res.cycles) <= res.wall_s
+
+
+def test_step_times_come_from_marks_and_add_up(device):
+    """A step's phase boundaries are marks (CUDA events on a GPU, clock reads on a CPU); the step times
+    read from them at the call's end are positive and fit inside t_step, and an untimed call (no
+    marks) gives the same tokens with its times left at 0."""
+    model = tiny(device, seed=3)
+    eng = BatchEngine(model, random_head(model, seed=3))
+    assert isinstance(eng.clock.mark(), torch.cuda.Event if device.type == "cuda" else float)
+    ps, ctl = prompts(3, 64, seed=7), StaticBatchController(StepShape(4, 3, 10))
+    res = eng.generate(ps, 16, batch_size=3, controller=ctl)
+    for s in res.steps:
+        assert s.t_draft > 0 and s.t_verify > 0 and s.t_controller >= 0
+        assert s.t_draft + s.t_verify + s.t_controller <= s.t_step * (1 + 1e-6)
+    eng.timed = False
+    untimed = eng.generate(ps, 16, batch_size=3, controller=ctl)
+    assert [r.output_ids for r in untimed.rows] == [r.output_ids for r in res.rows]
+    assert all(s.t_step == 0 for s in untimed.steps)
 
 
 def test_draft_level_cost_does_not_grow_with_depth(device):

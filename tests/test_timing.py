@@ -120,3 +120,47 @@ def test_time_op_syncs_around_each_call(monkeypatch):
     monkeypatch.setattr(L, "DeviceClock", lambda device: DeviceClock(device, sync_fn=dev.sync, read_fn=dev.read))
     st = L.time_op(lambda: dev.launch(0.003), "cpu", warmup=1, repeats=4)
     assert st["median"] == pytest.approx(0.003) and st["n"] == 4
+
+
+def test_marks_time_the_phases_without_a_sync_per_phase(fresh_tiny):
+    """The step's phase boundaries as CUDA events (faked: a mark is when the device's queue gets there,
+    now + queued, and it does not sync): the phases land exactly as with synced reads, and the steps
+    add no sync at all, only the call's own clock reads do (its start and end, the prefill)."""
+    model, head = fresh_tiny
+    syncs, cycles = [], []
+    for n in (6, 16):
+        dev = FakeAsyncDevice()
+        eng = async_engine(model, head, dev)
+        eng.batched.clock = DeviceClock("cpu", sync_fn=dev.sync, read_fn=dev.read, mark_fn=lambda: dev.now + dev.queued)
+        res = eng.generate([1, 2, 3, 4, 5], max_new_tokens=n, controller=StaticController(4, 3, 10))
+        for c in res.cycles:
+            assert c.t_draft == pytest.approx(DRAFT_S * c.depth, abs=1e-12)
+            assert c.t_verify == pytest.approx(TARGET_S, abs=1e-12)
+            assert c.t_controller == pytest.approx(0.0, abs=1e-12)
+            assert c.t_cycle == pytest.approx(c.t_draft + c.t_verify, abs=1e-12)
+        assert res.wall_s == pytest.approx(res.prefill_s + sum(c.t_cycle for c in res.cycles), abs=1e-12)
+        syncs.append(dev.syncs)
+        cycles.append(len(res.cycles))
+    assert cycles[1] > cycles[0] >= 1 and syncs[1] == syncs[0]       # more steps, not one sync more
+
+
+def test_cuda_clock_marks_are_events_and_cpu_marks_are_reads():
+    assert isinstance(DeviceClock("cpu").mark(), float)
+    fake = DeviceClock("cuda", sync_fn=lambda: None, read_fn=lambda: 2.5)     # fakes stay reads
+    assert fake.mark() == 2.5 and DeviceClock.seconds(1.0, 2.5) == 1.5
+
+
+def test_an_untimed_step_has_the_same_outputs_and_no_times(fresh_tiny):
+    """BatchEngine.timed = False (what the GPU check compares a timed call with): no marks, the same
+    tokens and shapes, the step records' times left at 0."""
+    model, head = fresh_tiny
+    eng = Engine(model, head)
+    timed = eng.batched.generate([[1, 2, 3], [4, 5, 6, 7]], 10, batch_size=2)
+    eng.batched.timed = False
+    untimed = eng.batched.generate([[1, 2, 3], [4, 5, 6, 7]], 10, batch_size=2)
+    eng.batched.timed = True
+    assert [r.output_ids for r in untimed.rows] == [r.output_ids for r in timed.rows]
+    assert [s.accepted for s in untimed.steps] == [s.accepted for s in timed.steps]
+    assert all(s.t_step > 0 and s.t_verify > 0 for s in timed.steps)
+    assert all(s.t_step == s.t_draft == s.t_verify == s.t_controller == 0 for s in untimed.steps)
+    assert untimed.wall_s > 0

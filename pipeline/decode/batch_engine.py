@@ -36,11 +36,13 @@ speedups at each B compare like with like.
 Exactness: a row's greedy output is its own target-greedy sequence whatever its batch-mates do; in
 fp32 it equals its batch-1 AR output token for token (tests/test_batch_engine.py), in reduced
 precision rows may part at near-ties (pipeline/decode/lossless.py). Row r samples with its own
-Generator(seeds[r]), consumed exactly as the batch-1 engine consumes it, so at T > 0 a row's output
-equals its batch-1 run's with the same seed and shapes.
+Generator(seeds[r]), consumed exactly as the batch-1 loop consumed it (tests/reference_engine.py),
+so at T > 0 a row's output equals its batch-1 run's with the same seed and shapes.
 
-Host syncs: one per step outside the timers (the accepted lengths and tokens, read once); the clock
-reads sync too (pipeline/runtime/clock.py). Row bookkeeping (token lists, EOS, refills) is Python.
+Host syncs: one per step (the accepted lengths and tokens, read once). The step's phase boundaries
+are clock marks (pipeline/runtime/clock.py: CUDA events on a GPU, so timing adds no sync), turned
+into its record's times when the call ends; the call's own clock reads (start, end, refills,
+arrivals) and a level hook's asks do sync. Row bookkeeping (token lists, EOS, refills) is Python.
 
 On a GPU (issue N) the step's three fixed-shape parts (pipeline/decode/batch_step.py: pending,
 draft, greedy verify) run as CUDA graphs (pipeline/runtime/cuda_graphs.py), one per key (A, M, span),
@@ -76,6 +78,10 @@ __all__ = ["BatchEngine", "BatchResult", "RowCycle", "RowResult"]
 SPAN_BUCKET = 128  # with CUDA graphs: the key span of a step, rounded up to a multiple of this
 
 
+def _no_mark() -> None:
+    """An untimed step's phase mark (BatchEngine.timed = False)."""
+
+
 def pow2_at_least(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
@@ -99,6 +105,7 @@ class BatchEngine(RowAdmission):
         if self.span_bucket < 1:
             raise DraftGymError(f"span_bucket must be >= 1, got {span_bucket}")
         self._static: dict[bool, BatchState] = {}            # the static stores, per features (module docstring)
+        self.timed = True               # False: no phase marks, the step records' times stay 0 (a timed run's cost)
 
     # -- public entries ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
@@ -163,8 +170,25 @@ class BatchEngine(RowAdmission):
             self._admit(state, rows, run, batch_size)
             if rows.req:
                 self._step(state, rows, run, controller)
-        res.wall_s = self.clock() - t0
+        res.wall_s = self.clock() - t0                        # a sync: every mark of the call has completed
+        self._step_times(run)
         return res
+
+    def _step_times(self, run: Call) -> None:
+        """Each step's times from its marks (`_step`), once the call's last clock read has synced:
+
+            t_draft      start .. plan (the pending forward a confidence-using controller asked for)
+                         + planned .. drafted, less the level hooks' time
+            t_verify     drafted .. verified (target forward, acceptance, commit, the host read)
+            t_controller plan .. planned + the level hooks + observe .. end
+            t_step       start .. end (refills after it excluded)"""
+        sec = self.clock.seconds
+        for record, m, t_hooks in run.marks:
+            record.t_draft = sec(m["start"], m["plan"]) + sec(m["planned"], m["drafted"]) - t_hooks
+            record.t_verify = sec(m["drafted"], m["verified"])
+            record.t_controller = sec(m["plan"], m["planned"]) + t_hooks + sec(m["observe"], m["end"])
+            record.t_step = sec(m["start"], m["end"])
+        run.marks.clear()
 
     def _stores(self, B: int, S: int, features: bool) -> BatchState:
         """The static stores for B rows of capacity >= S (made when the last call's do not fit)."""
@@ -210,7 +234,7 @@ class BatchEngine(RowAdmission):
 
     def _draft_by_level(self, state: BatchState, shape: StepShape, root, controller) -> tuple[TreeBatch, int, float]:
         """A batch-1 controller's level hooks (OneRowController, B = 1 only): `continue_drafting` after
-        each draft level may stop the draft, `verify_size` picks V from the pool, as the batch-1 engine
+        each draft level may stop the draft, `verify_size` picks V from the pool, as the batch-1 loop
         asks them. Eager (each ask reads the host); the verify is graphed as any. Returns the trees,
         the depth drafted and the seconds spent in the hooks (device-synchronised, as t_controller)."""
         if state.rows != 1:
@@ -258,12 +282,12 @@ class BatchEngine(RowAdmission):
         state.n_host = [n + p[0] + 1 for n, p in zip(state.n_host, packed)]
         return packed, V
 
-    def _plan(self, state: BatchState, rows: Rows, run: Call, controller: BatchController, queued: int):
+    def _plan(self, state: BatchState, rows: Rows, run: Call, controller: BatchController, queued: int,
+              marks: dict, mark):
         """Ask the controller for the step's shape. A controller that uses confidences gets each
-        root's depth-1 top draft log-prob, from the pending forward run first (its time is t_draft).
-        Returns (shape, the pending forward's roots or None, t_draft so far, t_controller so far)."""
-        clock, res = self.clock, run.res
-        t0 = clock()
+        root's depth-1 top draft log-prob, from the pending forward run first (its time is t_draft:
+        marks "start" .. "plan"). Returns (shape, the pending forward's roots or None)."""
+        res = run.res
         root = confidence = None
         if run.features and controller.uses_confidence:
             root = self._pending_forward(state)
@@ -272,19 +296,21 @@ class BatchEngine(RowAdmission):
                                context_lens=list(state.n_host), new_tokens=[len(o) for o in rows.out],
                                history=rows.hist, queued=queued, confidence=confidence,
                                last=res.steps[-1] if res.steps else None)
-        c0 = clock()
+        marks["plan"] = mark()
         shape = StepShape.of(controller.plan(ctx))
         if shape.depth and not run.features:
             raise DraftGymError(f"step shape {shape.label()} drafts, but this generation has no EAGLE-3 head")
-        return shape, root, c0 - t0, clock() - c0
+        return shape, root
 
     def _step(self, state: BatchState, rows: Rows, run: Call, controller: BatchController) -> None:
-        clock, res = self.clock, run.res
+        """One step. Its phase boundaries are clock marks (pipeline/runtime/clock.py: CUDA events on a
+        GPU, no host sync each), turned into the record's times when the call ends (`_step_times`)."""
+        res, mark = run.res, (self.clock.mark if self.timed else _no_mark)
         A = state.rows
         queued = self._arrived(run)
-        t_start = clock()
-        shape, root, t_draft, t_ctrl = self._plan(state, rows, run, controller, queued)
-        d0 = clock()
+        marks = {"start": mark()}
+        shape, root = self._plan(state, rows, run, controller, queued, marks, mark)
+        marks["planned"] = mark()
         depth, t_hooks = shape.depth, 0.0
         if shape.is_off:
             trees, width, size = None, 1, 1
@@ -297,23 +323,21 @@ class BatchEngine(RowAdmission):
         if self.window is not None and max(state.n_host) + size > self.window - 1:
             i = rows.req[max(range(A), key=state.n_host.__getitem__)]          # as Engine: refused at its step
             arch.check_length(self.model.config, len(run.prompts[i]), run.max_new[i], size)
-        v0 = clock()
-        t_draft += v0 - d0 - t_hooks
-        t_ctrl += t_hooks
+        marks["drafted"] = mark()
         ctx_lens = list(state.n_host)
         packed, V = self._verify(state, trees, run, rows.gen)
-        t_verify = clock() - v0
+        marks["verified"] = mark()
         record = StepRecord(step=len(res.steps), batch_size=A, depth=depth, width=width, verify_size=V,
                             rows=list(rows.req), context_lens=ctx_lens, accepted=[p[0] for p in packed],
-                            emitted=[], queued=queued, t_draft=t_draft, t_verify=t_verify)
+                            emitted=[], queued=queued)
         done = self._emit(rows, record, packed, run)
         for s in done:
             self._finished(run, rows.req[s])
-        c0 = clock()
+        marks["observe"] = mark()
         controller.observe(record)
-        c1 = clock()
-        record.t_controller = t_ctrl + c1 - c0
-        record.t_step = c1 - t_start
+        marks["end"] = mark()
+        if self.timed:
+            run.marks.append((record, marks, t_hooks))
         res.steps.append(record)
         for s in done:
             t = self._fill(s, state, rows, run)

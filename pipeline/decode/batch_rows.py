@@ -3,7 +3,7 @@ result and queue (`Call`), and which request each slot holds with its tokens, ge
 accepted-length history (`Rows`). The device side is pipeline/decode/batch_kv.py."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -29,6 +29,7 @@ class Call:
     eos: frozenset = frozenset()    # the tokens that end a row (empty: every row runs to its max_new)
     on_result: Callable | None = None   # on_result(i, RowResult) as prompt i ends
     stop_refill: Callable | None = None  # stop_refill() -> True: take no more prompts (the rest stay unstarted)
+    marks: list = field(default_factory=list)   # (StepRecord, its phase marks, level-hook s): times at the call's end
 
     def ready(self, now: float) -> bool:
         """May the next queued prompt start now? (arrived, and refills not stopped; a stop empties the

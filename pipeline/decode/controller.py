@@ -160,7 +160,8 @@ class BatchStepContext:
 
 @dataclass
 class StepRecord:
-    """One batched step. Per-row lists in slot order; times are seconds, each device-synchronised."""
+    """One step. Per-row lists in slot order; times are seconds of device time between the step's
+    phase marks (pipeline/runtime/clock.py), filled in when the generate call ends."""
 
     step: int
     batch_size: int                # B active rows
@@ -271,7 +272,7 @@ def uses_level_hooks(controller: Controller) -> bool:
 
 
 def cycle_record(r: StepRecord) -> CycleRecord:
-    """A B = 1 step as the batch-1 engine's cycle record (t_cycle = t_step)."""
+    """A B = 1 step as a batch-1 cycle record (t_cycle = t_step)."""
     return CycleRecord(depth=r.depth, width=r.width, verify_size=r.verify_size, accepted=r.accepted[0],
                        emitted=r.emitted[0], context_len=r.context_lens[0], t_draft=r.t_draft, t_verify=r.t_verify,
                        t_controller=r.t_controller, t_cycle=r.t_step)
@@ -279,7 +280,7 @@ def cycle_record(r: StepRecord) -> CycleRecord:
 
 class OneRowController(BatchController):
     """A batch-1 `Controller` on the batched engine at B = 1: `plan` sees the CycleContext and
-    `observe` the CycleRecord the batch-1 engine gives it; `level_hooks` tells the engine to ask
+    `observe` a CycleRecord per step; `level_hooks` tells the engine to ask
     `continue_drafting` after each draft level and `verify_size` before selection."""
 
     def __init__(self, controller: Controller):
@@ -305,13 +306,14 @@ class OneRowController(BatchController):
         return self.inner.verify_size(pool, shape)
 
     def observe(self, record: StepRecord) -> None:
-        """As the batch-1 engine: the controller gets the cycle's record before its controller and
-        cycle times are final; `finish` completes the same objects after the step."""
+        """The controller gets the cycle's record before its times are known (they are resolved
+        when the call ends); `finish` completes the same objects then."""
         self.records.append(cycle_record(record))
         self.inner.observe(self.records[-1])
 
     def finish(self, steps: list[StepRecord]) -> list[CycleRecord]:
-        """The records observe handed out, with each step's final t_controller and t_cycle."""
+        """The records observe handed out, with each step's times (known once the call has ended:
+        the engine resolves its phase marks then)."""
         for rec, st in zip(self.records, steps):
-            rec.t_controller, rec.t_cycle = st.t_controller, st.t_step
+            rec.t_draft, rec.t_verify, rec.t_controller, rec.t_cycle = st.t_draft, st.t_verify, st.t_controller, st.t_step
         return self.records

@@ -110,7 +110,7 @@ class Engine:
 
 
 def _one_row(res, cycles: list[CycleRecord] | None = None) -> GenerationResult:
-    """A batched engine's B = 1 result as the batch-1 engine's (cycles: the records its controller
+    """A B = 1 result as a GenerationResult (cycles: the records its controller
     saw; an AR call has none)."""
     row = res.rows[0]
     return GenerationResult(res.method, row.prompt_ids, row.output_ids, cycles or [], wall_s=res.wall_s,
