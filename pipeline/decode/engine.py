@@ -69,8 +69,8 @@ class Engine:
     through `OneRowController` (plan sees a CycleContext, observe the CycleRecord kept in the result;
     level hooks asked after each draft level, that step drafting eagerly). The batch-1 loop this
     replaced (a growing DynamicCache) is the tests' oracle (tests/reference_engine.py): the same
-    outputs cycle for cycle in fp32, and on a CPU within 2 % of its speed (BENCHMARKS.md, "One
-    engine"), so nothing is lost by keeping one."""
+    outputs cycle for cycle in fp32. On a CPU the trees run at that loop's speed and the AR step a
+    few percent slower (the off step's mask and commit, which the loop did not have)."""
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
         self.batched = BatchEngine(model, head, eos_token_ids)
