@@ -248,13 +248,14 @@ def spec_batch_steps(model, head, cfg, deadline: float, prompt) -> dict:
                 run(3)                                                  # warm-up: this (B, shape)'s kernels, graphs
                 res = run(T + 1)
                 full = [s for s in res.steps if s.batch_size == B]
-                eng.timed = False                                       # the same call with no phase marks
-                untimed = run(T + 1)
-                eng.timed = True
                 row[label] = {"t_step": _median_ms([s.t_step for s in full]),
                               "t_draft": _median_ms([s.t_draft for s in full]),
-                              "t_verify": _median_ms([s.t_verify for s in full]), "steps": len(full),
-                              "timed_over_untimed": res.wall_s / untimed.wall_s if untimed.wall_s > 0 else None}
+                              "t_verify": _median_ms([s.t_verify for s in full]), "steps": len(full)}
+                if shape is None:                                       # AR: the same call with no phase marks
+                    eng.timed = False
+                    untimed = run(T + 1)
+                    eng.timed = True
+                    row[label]["timed_over_untimed"] = res.wall_s / untimed.wall_s if untimed.wall_s > 0 else None
             if mode == "graphs" and not eng.graphs.enabled:         # a capture failed: these ran eagerly
                 row["mode"] = "graphs failed"
             ar = row.get("ar", {}).get("t_step")

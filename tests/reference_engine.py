@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from pipeline.decode.batch_result import cut
 from pipeline.decode.controller import Controller, CycleContext, CycleRecord, StaticController
 from pipeline.decode.draft import DraftKV, expand_tree
 from pipeline.decode.engine import GenerationResult
@@ -35,10 +36,7 @@ class ReferenceEngine:
         self.device = next(model.parameters()).device
 
     def _finish(self, out: list[int], max_new: int):
-        for i, t in enumerate(out[:max_new]):
-            if t in self.eos:
-                return out[: i + 1], "eos"
-        return (out[:max_new], "max_new_tokens") if len(out) >= max_new else (out, None)
+        return cut(out, self.eos, max_new)
 
     def _prefill(self, prompt: list[int], temperature: float, gen, hidden: bool):
         cache, n = DynamicCache(config=self.model.config), len(prompt)

@@ -51,14 +51,7 @@ class BatchSlotKV:
         self.v = [torch.zeros_like(k) for k in self.k]
         self.pos = torch.zeros(B, dtype=torch.long, device=device)   # [A] write index of this forward
         self.span = 1                                                 # keys read: [0, span)
-
-    @property
-    def pos(self) -> torch.Tensor:
-        return self._pos
-
-    @pos.setter
-    def pos(self, value: torch.Tensor) -> None:
-        self._pos, self._flat = value, None                           # the next update builds its indices
+        self._flat: torch.Tensor | None = None                        # this forward's write indices (update)
 
     def update(self, k, v, layer_idx, *args, **kwargs):
         """k, v: [A, n_kv, q, d] -> written at (r, h, pos[r] + i); returns keys/values [A, n_kv, span, d].
@@ -67,11 +60,11 @@ class BatchSlotKV:
 
             flat[r, h, i] = (r * n_kv + h) * S + pos[r] + i                        [A * n_kv * q]
 
-        built once per forward (at layer 0, or when `pos` is set; every layer writes the same places),
+        built once per forward (at layer 0, which every forward runs first; every layer writes there),
         in k's own element order. An advanced-index write (store[rows, :, idx] = ...) would rebuild
         its indices in every layer, a cost the batch-1 loop's DynamicCache never paid."""
         A, n_kv, q, d = k.shape
-        if layer_idx == 0 or self._flat is None or self._flat.numel() != A * n_kv * q:     # a new forward
+        if layer_idx == 0 or self._flat is None:                                               # a new forward
             S = self.k[0].shape[2]
             slot = torch.arange(A * n_kv, device=k.device).view(A, n_kv, 1) * S                # [A, n_kv, 1]
             at = self.pos[:, None] + torch.arange(q, device=k.device)                          # [A, q]

@@ -79,7 +79,7 @@ class BatchResult:
 
 
 def cut(out: list[int], eos: set[int], max_new_tokens: int) -> tuple[list[int], str | None]:
-    """Cut at the first EOS (kept) or at max_new_tokens; None while the row goes on (Engine._finish)."""
+    """Cut at the first EOS (kept) or at max_new_tokens; None while the row goes on."""
     for i, t in enumerate(out[:max_new_tokens]):
         if t in eos:
             return out[: i + 1], "eos"

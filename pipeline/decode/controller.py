@@ -137,9 +137,7 @@ class StaticController(Controller):
         super().__init__(StepShape(depth, width, verify_size))
 
 
-# -- serving at batch size B ----------------------------------------------------------------------
-# The engine (pipeline/decode/batch_engine.py) runs ONE shape per step for all its rows, as SGLang
-# and vLLM do. Its controller is asked once per step, sees the batch, and returns that shape.
+# -- batch controllers (module docstring) ---------------------------------------------------------
 
 
 @dataclass
