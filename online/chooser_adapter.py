@@ -3,7 +3,7 @@ the serving replay (simulator/serving/load.py) and on the device (pipeline/decod
 
 A chooser (simulator/serving/choosers.py) answers an index into a table of shapes, from a StepView
 of the batch, and learns from each step's accepted lengths. Here the table is the chooser's own
-shapes, and the view is built from the engine's BatchStepContext:
+shapes, and the view is built from the engine's StepContext:
 
     batch, context_len, requests, queued     the engine's (the same meaning as in the replay)
     left                                     max_new_tokens - tokens emitted, per row
@@ -14,7 +14,7 @@ shapes, and the view is built from the engine's BatchStepContext:
 Which choosers run here. Static shapes, schedules (a per-B schedule, vLLM's example) and SGLang's
 adaptive rule read only the batch and the accepted lengths. A learned load-aware policy
 (simulator/serving/learned.py LearnedChooser) also reads the batch's draft confidences s_r(d); the
-engine measures s_r(1) (BatchStepContext.confidence: the top-1 log-prob of the roots' pending draft
+engine measures s_r(1) (StepContext.confidence: the top-1 log-prob of the roots' pending draft
 forward, the same at every width) when the controller's `uses_confidence` is True, which here is
 exactly on the steps where the policy decides (every `hold` steps) and its observation has
 confidences. So a policy with confidence depth <= 1 runs on the device with the replay's observation
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.decode.controller import BatchController, BatchStepContext, StepRecord, StepShape
+from pipeline.decode.controller import Controller, StepContext, StepRecord, StepShape
 from pipeline.errors import DraftGymError
 from simulator.serving.choosers import Chooser, GreedyOracle, StepView
 from simulator.serving.learned import LearnedChooser
@@ -66,8 +66,8 @@ class ShapeIndex:
                               batch=batch)
 
 
-class ChooserController(BatchController):
-    """A Chooser as a BatchController (module docstring)."""
+class ChooserController(Controller):
+    """A Chooser as a Controller (module docstring)."""
 
     def __init__(self, chooser: Chooser, max_new_tokens: list[int], latency=None):
         """latency: the LatencyModel a chooser prices its candidates with (SGLang's throughput-aware
@@ -90,7 +90,7 @@ class ChooserController(BatchController):
         self.chooser.reset(self.table, self.latency)
         self.view, self.a = None, None
 
-    def plan(self, ctx: BatchStepContext) -> StepShape:
+    def plan(self, ctx: StepContext) -> StepShape:
         B = ctx.batch_size
         req = np.asarray(ctx.rows, np.int64)
         conf = None

@@ -223,7 +223,7 @@ def spec_batch_steps(model, head, cfg, deadline: float, prompt) -> dict:
     shape, replayed from CUDA graphs and eager where the device has graphs (module docstring)."""
     try:
         from pipeline.decode.batch_engine import BatchEngine
-        from pipeline.decode.controller import StaticBatchController, StepShape
+        from pipeline.decode.controller import StaticController, StepShape
     except ImportError as e:
         return {"status": "skipped", "reason": f"no batched engine in this checkout ({e})"}
     graphed = BatchEngine(model, head)
@@ -244,7 +244,7 @@ def spec_batch_steps(model, head, cfg, deadline: float, prompt) -> dict:
                 if shape is None:
                     run = lambda k: eng.generate_ar(ps, k, batch_size=B)
                 else:
-                    run = lambda k, c=StaticBatchController(shape): eng.generate(ps, k, batch_size=B, controller=c)
+                    run = lambda k, c=StaticController(shape): eng.generate(ps, k, batch_size=B, controller=c)
                 run(3)                                                  # warm-up: this (B, shape)'s kernels, graphs
                 res = run(T + 1)
                 full = [s for s in res.steps if s.batch_size == B]

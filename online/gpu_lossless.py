@@ -64,7 +64,7 @@ def check_lossless(cfg, deadline: float, model, head) -> dict:
 def check_lossless_batched(cfg, deadline: float, model, head) -> dict:
     """The batched engine at each B (module docstring): one row per (B, shape)."""
     from pipeline.decode.batch_engine import BatchEngine
-    from pipeline.decode.controller import StaticBatchController, StepShape
+    from pipeline.decode.controller import StaticController, StepShape
 
     eng = BatchEngine(model, head)
     g = torch.Generator().manual_seed(1)
@@ -79,7 +79,7 @@ def check_lossless_batched(cfg, deadline: float, model, head) -> dict:
             if time.perf_counter() > deadline:
                 done = False
                 break
-            res = eng.generate(ps[:k], T, batch_size=B, controller=StaticBatchController(StepShape(*s)))
+            res = eng.generate(ps[:k], T, batch_size=B, controller=StaticController(StepShape(*s)))
             verdicts = [classify(model, p, a, r.output_ids) for p, a, r in zip(ps[:k], ar, res.rows)]
             rows.append(_row(summarize_verdicts(verdicts), B=B, shape=list(s), prompts=k))
         eng.release()

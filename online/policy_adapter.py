@@ -3,8 +3,8 @@
 `PolicyController` is a `pipeline.decode.controller.Controller` (the engine's controller interface);
 `online/controller_specs.py` picks it, or a built-in StaticController, for a `--policy` spec.
 
-The hooks turn the engine's objects (CycleContext, DraftStep, DraftPool, CycleRecord) into the
-same batched inputs the replay builds from the logs (simulator.policies.base's PlanBatch, StepBatch,
+The hooks turn the engine's objects (StepContext and StepRecord at B = 1, DraftStep, DraftPool) into
+the same batched inputs the replay builds from the logs (simulator.policies.base's PlanBatch, StepBatch,
 PoolBatch with n = 1), so a policy sees identical observations online and offline
 (tests/test_sim_online_parity.py). Policies with batch-1 fast paths (plan_one, continue_one,
 verify_size_one) are called through those.
@@ -34,11 +34,10 @@ def single_thread_blas() -> None:
 
 
 class PolicyController(Controller):
-    """Runs a simulator `Policy` inside the online engine (a `pipeline.decode.controller.Controller`, batch 1).
-
-    The hooks turn the engine's objects (CycleContext, DraftStep, DraftPool, CycleRecord) into the
-    same batched inputs the replay builds from the logs, so a policy sees identical observations
-    online and offline. Offline-only policies (the oracle) are refused.
+    """Runs a simulator `Policy` inside the online engine (a `pipeline.decode.controller.Controller`,
+    B = 1: the papers' policies decide per sequence). Its hooks see one row, row 0 of the step's
+    context and record, turned into the replay's inputs (module docstring). Offline-only policies
+    (the oracle) are refused.
     """
 
     def __init__(self, policy: Policy, max_depth: int = DEFAULT_MAX_DEPTH):
@@ -63,7 +62,7 @@ class PolicyController(Controller):
         self.ctx_len = 0
 
     def plan(self, ctx):
-        self.ctx_len = ctx.context_len
+        self.ctx_len = ctx.context_lens[0]
         if self.plan_one is not None:
             key = self.plan_one(ctx)
             shape = self.shapes.get(key)
@@ -72,10 +71,10 @@ class PolicyController(Controller):
             return shape
         last = ctx.last
         # [6, 1]: the previous cycle's D, W, V, L, emitted, and this context length; one array
-        lv = np.array([[0], [0], [0], [0], [0], [ctx.context_len]]) if last is None else np.array(
-            [[last.depth], [last.width], [last.verify_size], [last.accepted], [last.emitted], [ctx.context_len]])
+        lv = np.array([[0], [0], [0], [0], [0], [self.ctx_len]]) if last is None else np.array(
+            [[last.depth], [last.width], [last.verify_size], [last.accepted[0]], [last.emitted[0]], [self.ctx_len]])
         sh = self.policy.plan(PlanBatch(
-            env=self.zero, seq=self.zero, position=self.zero, cycle=np.array([ctx.cycle]),
+            env=self.zero, seq=self.zero, position=self.zero, cycle=np.array([ctx.step]),
             context_len=lv[5], has_last=np.array([last is not None]),
             last_depth=lv[0], last_width=lv[1], last_verify=lv[2],
             last_accepted=lv[3], last_emitted=lv[4], last_root_scores=self.root[None]))
@@ -123,8 +122,12 @@ class PolicyController(Controller):
         return int(np.asarray(self.policy.verify_size(p, np.array([shape.verify_size])))[0])
 
     def observe(self, record):
+        """The step's record at B = 1 as the replay's cycle arrays (t_cycle is 0 here: the engine
+        resolves its times when the call ends)."""
         if not self.observes:
             return
-        self.policy.observe(self.zero, {k: np.array([getattr(record, k)]) for k in
-                                            ("depth", "width", "verify_size", "accepted", "emitted",
-                                             "context_len", "t_cycle")})
+        self.policy.observe(self.zero, {
+            "depth": np.array([record.depth]), "width": np.array([record.width]),
+            "verify_size": np.array([record.verify_size]), "accepted": np.array(record.accepted[:1]),
+            "emitted": np.array(record.emitted[:1]), "context_len": np.array(record.context_lens[:1]),
+            "t_cycle": np.array([record.t_step])})

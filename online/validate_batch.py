@@ -64,12 +64,12 @@ class Method:
     schedule: object = None             # simulator.serving.schedule.Schedule
 
     def controller(self):
-        from pipeline.decode.controller import ScheduleBatchController, StaticBatchController, StepShape
+        from pipeline.decode.controller import ScheduleController, StaticController, StepShape
 
         if self.schedule is None:
-            return StaticBatchController(StepShape(*self.shape))
+            return StaticController(StepShape(*self.shape))
         rs = self.schedule.ranges            # beyond the last range, the last shape (Schedule.shape_for)
-        return ScheduleBatchController([(lo, hi if k + 1 < len(rs) else None, StepShape(*s))
+        return ScheduleController([(lo, hi if k + 1 < len(rs) else None, StepShape(*s))
                                         for k, (lo, hi, s) in enumerate(rs)])
 
     def shape_at(self, batch: int) -> tuple:

@@ -27,7 +27,7 @@ def ltd_depth_obs_from_step(step) -> np.ndarray:
 
 
 def resps_obs_from_record(last, prev_root_scores, context_len: int, max_depth: int = DEFAULT_MAX_DEPTH) -> np.ndarray:
-    """One Re-SpS observation from the engine's `CycleContext.last` (a CycleRecord or None) and the
+    """One Re-SpS observation from a row's previous cycle (a CycleRecord or None) and the
     depth-1 scores kept from the previous `verify_size(pool, ...)` call (pool.scores[0, :W])."""
     if last is None:
         return O.resps_obs(np.zeros(O.RESPS_ROOT_K), 0, 0, 0, 0, 0, context_len, 0, max_depth)

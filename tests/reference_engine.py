@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from pipeline.decode.batch_result import cut
-from pipeline.decode.controller import Controller, CycleContext, CycleRecord, StaticController
+from pipeline.decode.controller import Controller, CycleRecord, StaticController, StepContext, StepRecord
 from pipeline.decode.draft import DraftKV, expand_tree
 from pipeline.decode.engine import GenerationResult
 from pipeline.decode.tree import select_tree
@@ -78,7 +78,8 @@ class ReferenceEngine:
         last = None
         while stop is None:
             n = len(seq) - 1                                             # seq[n] is the root
-            shape = controller.plan(CycleContext(len(res.cycles), n, len(out), last))
+            hist = [c.accepted for c in res.cycles]
+            shape = controller.plan(StepContext(len(res.cycles), 1, [0], [n], [len(out)], [hist], 0, last=last))
             s0 = draft_kv.length
             g, dlogits, new_kv = head(torch.tensor([seq[s0 + 1: n + 1]], device=dev), pending,
                                       torch.arange(s0, n, device=dev), past_kv=draft_kv.kv)
@@ -97,10 +98,10 @@ class ReferenceEngine:
             before = len(out)
             out, stop = self._finish(out + tree.tokens[keep_t[1:]].tolist() + [bonus], max_new_tokens)
             seq = list(prompt) + out
-            last = CycleRecord(depth=pool.depth, width=pool.width, verify_size=tree.size, accepted=len(path),
-                               emitted=len(out) - before, context_len=n, t_draft=0.0, t_verify=0.0,
-                               t_controller=0.0, t_cycle=0.0)
+            last = StepRecord(len(res.cycles), 1, pool.depth, pool.width, tree.size, [0], [n], [len(path)],
+                              [len(out) - before], 0)
             controller.observe(last)
-            res.cycles.append(last)
+            res.cycles.append(CycleRecord(last.step, 1, pool.depth, pool.width, tree.size, len(path),
+                                          len(out) - before, n))
         res.output_ids, res.stop_reason = out, stop
         return res

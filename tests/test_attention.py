@@ -71,7 +71,7 @@ def test_speculative_decoding_stays_lossless_with_it(tree):
     """fp32 speculation through draftgym_sdpa gives the AR tokens (AR's one-token steps take sdpa's
     own path; the verify takes the grouped one)."""
     from pipeline.decode.batch_engine import BatchEngine
-    from pipeline.decode.controller import StaticBatchController, StaticController, StepShape
+    from pipeline.decode.controller import StaticController, StepShape
     from pipeline.decode.engine import Engine
     from pipeline.decode.head import load_head_for
 
@@ -85,5 +85,5 @@ def test_speculative_decoding_stays_lossless_with_it(tree):
     D, W, V = tree
     assert eng.generate(prompts[0], 24, controller=StaticController(D, W, V)).output_ids == ar[0]
     res = BatchEngine(model, head).generate(prompts, 24, batch_size=3,              # padded rows, masked steps
-                                            controller=StaticBatchController(StepShape(D, W, V)))
+                                            controller=StaticController(StepShape(D, W, V)))
     assert [r.output_ids for r in res] == ar

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.decode.batch_engine import BatchEngine
-from pipeline.decode.controller import StaticBatchController, StaticController, StepShape
+from pipeline.decode.controller import StaticController, StepShape
 from pipeline.decode.engine import Engine
 from pipeline.decode.head import random_head
 from pipeline.errors import DraftGymError
@@ -56,7 +56,7 @@ def test_every_target_and_head_forward_runs_on_the_chosen_kernels(models, monkey
     with sdpa_calls(monkeypatch) as seen:
         eng.generate([1, 2, 3, 4], 12, controller=StaticController(4, 3, 10))
         eng.generate_ar([5, 6], 4)
-        beng.generate([[1, 2, 3], [4, 5, 6, 7, 8]], 12, batch_size=2, controller=StaticBatchController(StepShape(3, 2, 6)))
+        beng.generate([[1, 2, 3], [4, 5, 6, 7, 8]], 12, batch_size=2, controller=StaticController(StepShape(3, 2, 6)))
     assert len(seen) > 40                         # target layers and head levels, both engines
     assert set(seen) == {ab.DEFAULT}              # flash, efficient, math on; cuDNN off, at every call
     assert _flags() == before and torch._C._get_sdp_priority_order() == priority    # restored after each forward

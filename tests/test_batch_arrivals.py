@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from pipeline.decode.controller import ScriptedBatchController, StaticBatchController, StepShape
+from pipeline.decode.controller import ScriptedController, StaticController, StepShape
 from pipeline.errors import DraftGymError
 from tests.test_batch_engine import MIXED, _setup
 
@@ -47,7 +47,7 @@ def test_batch_grows_and_shrinks_with_arrivals_and_stays_lossless(ticking):
     new slots, shrinks as the queue runs dry, and every row equals its batch-1 AR output."""
     beng, prompts, ar = ticking
     arrivals = [0, 0, 40, 45, 50, 60, 400, 410, 420, 430]
-    res = beng.generate(prompts, 20, batch_size=4, controller=ScriptedBatchController(MIXED), arrivals=arrivals)
+    res = beng.generate(prompts, 20, batch_size=4, controller=ScriptedController(MIXED), arrivals=arrivals)
     for r, a in zip(res, ar):
         assert r.output_ids == a.output_ids and r.stop_reason == a.stop_reason, r.index
     sizes = [s.batch_size for s in res.steps]
@@ -73,7 +73,7 @@ def test_idle_wait_is_skipped(ticking):
 def test_all_arriving_at_zero_is_the_closed_batch(tiny):
     """arrivals all 0 = no arrivals: the same rows, the same steps."""
     _, beng, prompts, _ = tiny
-    ctl = lambda: StaticBatchController(StepShape(3, 4, 10))
+    ctl = lambda: StaticController(StepShape(3, 4, 10))
     a = beng.generate(prompts, 16, batch_size=3, controller=ctl())
     b = beng.generate(prompts, 16, batch_size=3, controller=ctl(), arrivals=[0.0] * len(prompts))
     assert [r.output_ids for r in a] == [r.output_ids for r in b]

@@ -18,8 +18,7 @@ import torch
 import pipeline.decode.batch_verify as batch_verify_mod
 from pipeline.decode.batch_engine import BatchEngine
 from pipeline.decode.batch_verify import accept_greedy_batch, select_trees, tree_masks
-from pipeline.decode.controller import (BatchController, ScheduleBatchController, ScriptedBatchController,
-                                        StaticBatchController, StaticController, StepShape)
+from pipeline.decode.controller import Controller, ScheduleController, ScriptedController, StaticController, StepShape
 from pipeline.decode.draft import expand_tree
 from pipeline.decode.engine import Engine
 from pipeline.decode.head import random_head
@@ -58,7 +57,7 @@ def test_mixed_steps_equal_batch1_ar(tiny, B):
     """Off, chain and tree steps mixed in one generation, 10 prompts of 1-17 tokens (refills at every
     B <= 8), EOS mid-batch: each row is its batch-1 AR output, and drafts do get accepted."""
     eng, beng, prompts, ar = tiny
-    res = beng.generate(prompts, 20, batch_size=B, controller=ScriptedBatchController(MIXED))
+    res = beng.generate(prompts, 20, batch_size=B, controller=ScriptedController(MIXED))
     for r, a in zip(res, ar):
         assert r.output_ids == a.output_ids and r.stop_reason == a.stop_reason, (B, r.index)
     assert {a.stop_reason for a in ar} == {"eos", "max_new_tokens"}
@@ -80,7 +79,7 @@ def test_static_shape_equals_batch1_engine_cycle_for_cycle(tiny, shape):
     ctrl = StaticController(shape.depth, shape.width, shape.verify_size)
     ref = [eng.generate(p, 20, controller=ctrl) for p in prompts]
     for B in (3, 8):
-        res = beng.generate(prompts, 20, batch_size=B, controller=StaticBatchController(shape))
+        res = beng.generate(prompts, 20, batch_size=B, controller=StaticController(shape))
         for r, e, a in zip(res, ref, ar):
             assert r.output_ids == e.output_ids == a.output_ids
             assert [c.accepted for c in r.cycles] == [c.accepted for c in e.cycles]
@@ -108,7 +107,7 @@ def test_max_steps_stops_the_call_on_the_full_run_s_prefix(tiny):
     """max_steps = k: exactly k steps, each row's tokens a prefix of the unbounded run's, rows cut
     there keep stop_reason '' (the profile's timed steps, pipeline/profiling/batched.py)."""
     eng, beng, prompts, ar = tiny
-    ctrl = lambda: ScriptedBatchController(MIXED)
+    ctrl = lambda: ScriptedController(MIXED)
     full = beng.generate(prompts, 20, batch_size=4, controller=ctrl())
     cut = beng.generate(prompts, 20, batch_size=4, controller=ctrl(), max_steps=5)
     assert len(cut.steps) == 5 < len(full.steps)
@@ -127,11 +126,11 @@ def test_sampled_rows_equal_batch1_with_the_same_seed(tiny, temperature):
     shape = StepShape(4, 3, 10)
     ref = [eng.generate(p, 20, temperature, s, controller=StaticController(4, 3, 10)) for p, s in zip(prompts, seeds)]
     for B in (2, 5):
-        res = beng.generate(prompts, 20, temperature, seeds, batch_size=B, controller=StaticBatchController(shape))
+        res = beng.generate(prompts, 20, temperature, seeds, batch_size=B, controller=StaticController(shape))
         assert [r.output_ids for r in res] == [e.output_ids for e in ref]
         assert [[c.accepted for c in r.cycles] for r in res] == [[c.accepted for c in e.cycles] for e in ref]
     moved = beng.generate(prompts[::-1], 20, temperature, seeds[::-1], batch_size=4,
-                          controller=StaticBatchController(shape))
+                          controller=StaticController(shape))
     assert [r.output_ids for r in moved][::-1] == [e.output_ids for e in ref]
     assert sum(c.accepted for e in ref for c in e.cycles) > 5
 
@@ -141,7 +140,7 @@ N_LAW = 600
 
 def _law_counts(beng, shapes, seed0: int) -> torch.Tensor:
     res = beng.generate([PROMPT] * N_LAW, 3, 1.0, list(range(seed0, seed0 + N_LAW)), batch_size=8,
-                        controller=ScriptedBatchController(shapes))
+                        controller=ScriptedController(shapes))
     counts = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     for r in res:
         counts[r.output_ids[1], r.output_ids[2]] += 1
@@ -175,7 +174,7 @@ def test_bf16_real_rule_passes_biased_rule_fails(monkeypatch):
     lengths = torch.randint(2, 12, (8,), generator=gen).tolist()
     prompts = [torch.randint(0, 64, (k,), generator=gen).tolist() for k in lengths]
     ars = [eng.generate_ar(p, 24).output_ids for p in prompts]
-    ctrl = ScriptedBatchController([StepShape(4, 4, 12), StepShape.chain(3), StepShape(2, 8, 10), StepShape.off()])
+    ctrl = ScriptedController([StepShape(4, 4, 12), StepShape.chain(3), StepShape(2, 8, 10), StepShape.off()])
 
     def run():
         res = beng.generate(prompts, 24, batch_size=4, controller=ctrl)
@@ -224,7 +223,7 @@ def test_tree_selection_and_greedy_acceptance_equal_batch1():
                        torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]))
 
 
-class _Recorder(BatchController):
+class _Recorder(Controller):
     """Asks for the roots' confidences; chain-2 when some root is confident, else off; records contexts."""
 
     uses_confidence = True
@@ -261,7 +260,7 @@ def test_controller_sees_the_batch_and_the_step_log(tiny):
     table = res.step_rows()
     assert table[0]["shape"] in ("off", "chain2") and table[0]["accepted_sum"] == sum(table[0]["accepted"])
 
-    sched = ScheduleBatchController([(1, 2, StepShape.off()), (3, 5, StepShape.chain(3)),
+    sched = ScheduleController([(1, 2, StepShape.off()), (3, 5, StepShape.chain(3)),
                                      (6, None, StepShape(4, 3, 10))])
     max_new = [20, 3, 18, 5, 16, 7, 14, 9, 12, 11]            # rows leave one by one: the batch drains
     res = beng.generate(prompts, max_new, batch_size=7, controller=sched)
@@ -286,9 +285,9 @@ def test_bad_inputs(tiny):
     with pytest.raises(DraftGymError, match="needs an EAGLE-3 head"):
         BatchEngine(eng.model, None).generate([[1]], 4)
     with pytest.raises(DraftGymError, match="without gaps"):
-        ScheduleBatchController([(1, 2, StepShape.off()), (4, None, StepShape.chain(2))])
+        ScheduleController([(1, 2, StepShape.off()), (4, None, StepShape.chain(2))])
     with pytest.raises(DraftGymError, match="no upper bound"):
-        ScheduleBatchController([(1, 8, StepShape.off())])
+        ScheduleController([(1, 8, StepShape.off())])
     with pytest.raises(ValueError):
         StepShape(0, 1, 5)                                     # no draft, yet more than the root verified
     assert StepShape.chain(4) == StepShape(4, 1, 5) and StepShape.off().label() == "off"
@@ -311,11 +310,11 @@ def test_other_architectures_and_sliding_window(name):
     prompts = [[5, 9, 2, 7, 1, 3], [4, 4], [8, 1, 6, 2, 9, 9, 3, 1, 5]]
     ars = [eng.generate_ar(p, 20).output_ids for p in prompts]
     script = [StepShape(4, 4, 16), StepShape.chain(3), StepShape.off()]
-    res = beng.generate(prompts, 20, batch_size=2, controller=ScriptedBatchController(script))
+    res = beng.generate(prompts, 20, batch_size=2, controller=ScriptedController(script))
     assert [r.output_ids for r in res] == ars
-    for call in (lambda: beng.generate(prompts, 23, controller=StaticBatchController(StepShape(4, 4, 16))),
+    for call in (lambda: beng.generate(prompts, 23, controller=StaticController(StepShape(4, 4, 16))),
                  lambda: beng.generate(prompts, 20,
-                                       controller=ScriptedBatchController(script + [StepShape(4, 4, 30)]))):
+                                       controller=ScriptedController(script + [StepShape(4, 4, 30)]))):
         with pytest.raises(DraftGymError, match="sliding attention window") as e:
             call()
         assert "\n" not in str(e.value)

@@ -17,7 +17,7 @@ import torch
 from online.chooser_adapter import ChooserController
 from online.cli import main as cli
 from pipeline.decode.batch_engine import BatchEngine
-from pipeline.decode.controller import BatchStepContext
+from pipeline.decode.controller import StepContext
 from pipeline.decode.engine import Engine
 from pipeline.decode.head import random_head
 from pipeline.errors import DraftGymError
@@ -163,7 +163,7 @@ def test_the_adapter_hands_the_replays_observation_the_engines_confidence():
     ctl = ChooserController(LearnedChooser(pol), [50, 50, 50])
     ctl.reset()
     conf = torch.tensor([-0.25, -31.0, float("nan")], dtype=torch.float32)
-    ctx = BatchStepContext(step=0, batch_size=3, rows=[0, 1, 2], context_lens=[40, 17, 90], new_tokens=[3, 0, 7],
+    ctx = StepContext(step=0, batch_size=3, rows=[0, 1, 2], context_lens=[40, 17, 90], new_tokens=[3, 0, 7],
                            history=[[], [], []], queued=5, confidence=conf)
     assert ctl.uses_confidence
     shape = ctl.plan(ctx)
@@ -177,11 +177,11 @@ def test_the_adapter_hands_the_replays_observation_the_engines_confidence():
     assert pol.seen[0][0, 7] == pytest.approx((-0.25 - 20 - 20) / 3) and pol.seen[0][0, 8] == -20.0
     ctl.observe(SimpleNamespace(accepted=[0, 0, 0]))
     assert not ctl.uses_confidence                                      # held step: no probe
-    ctl.plan(BatchStepContext(step=1, batch_size=3, rows=[0, 1, 2], context_lens=[41, 18, 91], new_tokens=[4, 1, 8],
+    ctl.plan(StepContext(step=1, batch_size=3, rows=[0, 1, 2], context_lens=[41, 18, 91], new_tokens=[4, 1, 8],
                               history=[[0], [0], [0]], queued=5))
     assert len(pol.seen) == 1 and ctl.uses_confidence                   # the next step decides again
     with pytest.raises(DraftGymError, match="no draft confidences") as e:
-        ctl.plan(BatchStepContext(step=2, batch_size=3, rows=[0, 1, 2], context_lens=[41, 18, 91],
+        ctl.plan(StepContext(step=2, batch_size=3, rows=[0, 1, 2], context_lens=[41, 18, 91],
                                   new_tokens=[4, 1, 8], history=[[0], [0], [0]], queued=5))
     assert "\n" not in str(e.value)
 

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 from pipeline.decode import batch_step
 from pipeline.decode.batch_engine import BatchEngine, pow2_at_least
-from pipeline.decode.controller import ScheduleBatchController, StaticBatchController, StepShape
+from pipeline.decode.controller import ScheduleController, StaticController, StepShape
 from pipeline.decode.head import random_head
 from pipeline.errors import DraftGymError
 from pipeline.runtime.cuda_graphs import ENV, MODE_ENV, GraphCache, graphs_wanted
@@ -60,8 +60,8 @@ def _frozen(model, head, span_bucket=16):
     return eng
 
 
-CONTROLLERS = {"tree": lambda: StaticBatchController(StepShape(4, 3, 10)),
-               "schedule": lambda: ScheduleBatchController([(1, 2, StepShape(3, 2, 6)), (3, None, StepShape.chain(2))])}
+CONTROLLERS = {"tree": lambda: StaticController(StepShape(4, 3, 10)),
+               "schedule": lambda: ScheduleController([(1, 2, StepShape(3, 2, 6)), (3, None, StepShape.chain(2))])}
 
 
 @pytest.mark.parametrize("kind", list(CONTROLLERS))
@@ -94,7 +94,7 @@ def test_a_second_call_replays_the_first_calls_graphs(models):
     that leave early copy the stores, and those graphs are captured anew: max_steps keeps them in)."""
     model, head = models
     eng = _frozen(model, head)
-    ctrl = lambda: StaticBatchController(StepShape(3, 2, 5))
+    ctrl = lambda: StaticController(StepShape(3, 2, 5))
     with torch.inference_mode():
         first = eng.generate(PROMPTS[:2], 40, batch_size=2, controller=ctrl(), max_steps=4)
         captures = eng.graphs.captures

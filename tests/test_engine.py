@@ -173,7 +173,9 @@ def test_controller_hooks(tiny_llama):
     res = eng.generate([1, 2, 3], max_new_tokens=12, controller=ctrl)
     assert res.output_ids == eng.generate_ar([1, 2, 3], max_new_tokens=12).output_ids
     assert all(c.depth == 2 and c.width == 3 and c.verify_size == 6 for c in res.cycles)
-    assert ctrl.records == res.cycles
+    assert [(r.step, r.depth, r.accepted, r.emitted, r.context_lens) for r in ctrl.records] == \
+        [(c.step, c.depth, [c.accepted], [c.emitted], [c.context_len]) for c in res.cycles]
+    assert all(r.t_step == c.t_cycle and r.t_draft == c.t_draft for r, c in zip(ctrl.records, res.cycles))
     s = ctrl.steps[1]
     assert s.depth == 2 and s.beam_scores.shape == (3,) and s.candidate_scores.shape == (9,)
     assert all(c.t_draft > 0 and c.t_verify > 0 and c.t_controller >= 0 for c in res.cycles)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.decode.batch_engine import BatchEngine
-from pipeline.decode.controller import ScheduleBatchController, StaticBatchController, StepShape
+from pipeline.decode.controller import ScheduleController, StaticController, StepShape
 from pipeline.decode.head import random_head
 from pipeline.runtime.host_reads import HostReads
 from tests.conftest import make_tiny_llama
@@ -38,10 +38,10 @@ def engine():
 
 
 PROMPTS = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12], [3, 4]]
-CONTROLLERS = {"off": lambda: StaticBatchController(StepShape.off()),
-               "chain": lambda: StaticBatchController(StepShape.chain(3)),
-               "tree": lambda: StaticBatchController(StepShape(4, 3, 10)),
-               "schedule": lambda: ScheduleBatchController([(1, 1, StepShape(3, 2, 6)), (2, None, StepShape.chain(2))])}
+CONTROLLERS = {"off": lambda: StaticController(StepShape.off()),
+               "chain": lambda: StaticController(StepShape.chain(3)),
+               "tree": lambda: StaticController(StepShape(4, 3, 10)),
+               "schedule": lambda: ScheduleController([(1, 1, StepShape(3, 2, 6)), (2, None, StepShape.chain(2))])}
 
 
 def _reads(engine, B, make, steps) -> int:

@@ -50,12 +50,12 @@ def test_batch1_helpers_equal_batched():
     assert h.features_one().tolist() == h.features(0).tolist()
     h.reset(0)
     assert h.features_one().tolist() == [0, 0, 0, 0]
-    # update_from_context (the engine's CycleContext) == update_from_plan, bit for bit
+    # update_from_context (the engine's StepContext at B = 1) == update_from_plan, bit for bit
     from types import SimpleNamespace as NS
     g = rich.AcceptanceHistory(1)
     for cycle, (L, D) in enumerate([(0, 0), (3, 7), (1, 1), (0, 5), (12, 12), (2, 9)]):
-        last = None if cycle == 0 else NS(accepted=L, depth=D)
-        g.update_from_context(NS(cycle=cycle, last=last))
+        last = None if cycle == 0 else NS(accepted=[L], depth=D)
+        g.update_from_context(NS(step=cycle, last=last))
         h.update_from_plan(np.array([0]), np.array([cycle]), np.array([last is not None]), np.array([L]), np.array([D]))
         assert g.features_one().tobytes() == h.features(0).tobytes()
     for e in (torch.tensor([2.3456789, 1.0, 0.5]), torch.tensor([2.3456789, 1.0]).bfloat16(),

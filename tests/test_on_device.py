@@ -24,7 +24,7 @@ import torch
 
 from pipeline.decode.batch_engine import BatchEngine
 from pipeline.decode.batch_generate import generate_batch
-from pipeline.decode.controller import StaticBatchController, StaticController, StepShape
+from pipeline.decode.controller import StaticController, StepShape
 from pipeline.decode.engine import Engine
 from pipeline.decode.head import random_head
 from pipeline.decode.lossless import classify
@@ -119,7 +119,7 @@ def test_step_times_come_from_marks_and_add_up(device):
     model = tiny(device, seed=3)
     eng = BatchEngine(model, random_head(model, seed=3))
     assert isinstance(eng.clock.mark(), torch.cuda.Event if device.type == "cuda" else float)
-    ps, ctl = prompts(3, 64, seed=7), StaticBatchController(StepShape(4, 3, 10))
+    ps, ctl = prompts(3, 64, seed=7), StaticController(StepShape(4, 3, 10))
     res = eng.generate(ps, 16, batch_size=3, controller=ctl)
     for s in res.steps:
         assert s.t_draft > 0 and s.t_verify > 0 and s.t_controller >= 0
@@ -212,9 +212,9 @@ def test_batched_engine_graphs_equal_eager(device, dtype):
     graphed = BatchEngine(model, head, span_bucket=32)
     eager = BatchEngine(model, head, cuda_graphs=False, span_bucket=32)
     for shape in (StepShape(4, 3, 10), StepShape.chain(3), StepShape.off()):
-        want = eager.generate(ps, 24, batch_size=3, controller=StaticBatchController(shape))
+        want = eager.generate(ps, 24, batch_size=3, controller=StaticController(shape))
         for _ in range(2):                                   # the second call replays the first's graphs
-            got = graphed.generate(ps, 24, batch_size=3, controller=StaticBatchController(shape))
+            got = graphed.generate(ps, 24, batch_size=3, controller=StaticController(shape))
             assert [r.output_ids for r in got.rows] == [r.output_ids for r in want.rows], shape
             assert [st.accepted for st in got.steps] == [st.accepted for st in want.steps], shape
         if dtype == torch.float32:

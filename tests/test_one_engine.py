@@ -38,7 +38,8 @@ class Planner(Controller):
     def plan(self, ctx):
         if ctx.last is None:
             return StepShape(3, 2, 6)
-        return StepShape(2 + min(ctx.last.accepted, 3), 1 + ctx.cycle % 3, 4 + ctx.last.accepted)
+        L = ctx.last.accepted[0]
+        return StepShape(2 + min(L, 3), 1 + ctx.step % 3, 4 + L)
 
 
 class Hooks(Controller):
@@ -87,9 +88,7 @@ def test_cycles_equal_the_reference(engines, make, temperature):
         assert asks > 0 and min(depths) < 6                                    # the hook stopped drafts
 
 
-def test_a_batch1_controller_refuses_more_rows(engines):
-    from pipeline.decode.controller import OneRowController
-
+def test_level_hooks_refuse_more_rows(engines):
     _, eng, prompts = engines
-    with pytest.raises(DraftGymError, match="runs at batch size 1"):
-        eng.batched.generate(prompts, 8, batch_size=2, controller=OneRowController(Planner()))
+    with pytest.raises(DraftGymError, match="level hooks runs at batch size 1"):
+        eng.batched.generate(prompts, 8, batch_size=2, controller=Hooks())

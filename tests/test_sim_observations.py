@@ -90,8 +90,7 @@ def test_radar_and_resps_obs(syn):
     logs, _ = syn
     x = O.radar_obs(logs.beam_scores[:50, 2])
     assert x.shape == (50, 10) and (x >= 0).all() and (x <= 1).all() and (np.diff(x, axis=1) <= 0).all()
-    rec = CycleRecord(depth=5, width=8, verify_size=50, accepted=3, emitted=4, context_len=100, t_draft=0,
-                      t_verify=0, t_controller=0, t_cycle=0)
+    rec = CycleRecord(step=0, batch_size=1, depth=5, width=8, verify_size=50, accepted=3, emitted=4, context_len=100)
     one = resps_obs_from_record(rec, torch.tensor([-0.1, -2.0, -3.0]), 104)
     assert one.shape == (O.RESPS_DIM,) and one.dtype == np.float32
     assert one[0] == np.float32(-0.1) and one[3] == O.SCORE_FLOOR and one[-1] == 1

@@ -8,7 +8,7 @@ step moves within minutes on a shared VM (BENCHMARKS log S3).
 import statistics
 
 from pipeline.decode.batch_engine import BatchEngine
-from pipeline.decode.controller import StaticBatchController, StepShape
+from pipeline.decode.controller import StaticController, StepShape
 from pipeline.decode.head import load_head
 from pipeline.decode.target import load_target
 from pipeline.profiling.profile import context_prompt
@@ -17,7 +17,7 @@ t = load_target("smollm2-135m")
 be = BatchEngine(t.model, load_head("default", t.model), eos_token_ids=set())
 ps = [context_prompt(t.tokenizer, 64, r) for r in range(4)]
 big = ps + [ps[0] * 28]                                     # a long queued prompt: S grows to ~1,900
-off = lambda: StaticBatchController(StepShape.off())
+off = lambda: StaticController(StepShape.off())
 
 
 def mean_ms(res):

@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from online.gpu_check import CheckConfig, build_head, build_target, dry_run_sizes
 from pipeline.decode.batch_engine import BatchEngine
 from pipeline.decode.batch_generate import generate_batch
-from pipeline.decode.controller import StaticBatchController, StaticController, StepShape
+from pipeline.decode.controller import StaticController, StepShape
 from pipeline.decode.engine import Engine
 
 torch.set_num_threads(1)
@@ -54,7 +54,7 @@ for B in (1, 4):
           - top_level_ops(lambda: generate_batch(model, ps, 1, batch_size=B, run_past_eos=True))) / 8
     print(f"B = {B}: aten ops per AR step, BatchEngine {ar:.0f}, generate_batch {gb:.0f}", flush=True)
     for shape in SHAPES:
-        c = StaticBatchController(StepShape(*shape))
+        c = StaticController(StepShape(*shape))
         ops = top_level_ops(lambda: be.generate(ps, 10, batch_size=B, controller=c)) - \
             top_level_ops(lambda: be.generate(ps, 2, batch_size=B, controller=c))
         print(f"BatchEngine {shape} B = {B}: {ops} aten ops per 8 tokens", flush=True)

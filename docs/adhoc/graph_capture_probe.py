@@ -22,7 +22,7 @@ MODES = ("global", "thread_local", "relaxed")
 def one(target: str) -> dict:
     from online.gpu_check import CheckConfig, build_head, build_target
     from pipeline.decode.batch_engine import BatchEngine
-    from pipeline.decode.controller import StaticBatchController, StepShape
+    from pipeline.decode.controller import StaticController, StepShape
 
     cfg = CheckConfig(out="/tmp/probe", target=target, dtype="bfloat16")
     model = build_target(cfg)
@@ -44,7 +44,7 @@ def one(target: str) -> dict:
     eng.generate_ar([p], 6, batch_size=1)
     out["ar"] = eng.graphs.summary()
     if eng.graphs.enabled:
-        ctrl = lambda: StaticBatchController(StepShape(8, 10, 60))
+        ctrl = lambda: StaticController(StepShape(8, 10, 60))
         eng.generate([p, p], 6, batch_size=2, controller=ctrl())
         eng.generate([p, p], 6, batch_size=2, controller=ctrl())
         out["eagle3"] = eng.graphs.summary()

@@ -15,7 +15,7 @@ import torch
 from pipeline.datasets import load_prompts
 from pipeline.decode.batch_engine import BatchEngine
 from pipeline.decode.batch_kv import BatchSlotKV
-from pipeline.decode.controller import StaticBatchController, StepShape
+from pipeline.decode.controller import StaticController, StepShape
 from pipeline.decode.head import load_head_for
 from pipeline.decode.target import encode_prompt, load_target
 from pipeline.runtime.fingerprint import cpu_model
@@ -49,7 +49,7 @@ def run(shape, ps, B):
     if shape is None:
         r = eng.generate_ar(ps, NEW, batch_size=B)
     else:
-        r = eng.generate(ps, NEW, batch_size=B, controller=StaticBatchController(shape))
+        r = eng.generate(ps, NEW, batch_size=B, controller=StaticController(shape))
     return r, time.perf_counter() - t0
 
 

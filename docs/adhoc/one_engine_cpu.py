@@ -1,14 +1,18 @@
 """The one engine at batch 1 against the batch-1 loop it replaced (issue N item 2's CPU goal: AR and
 the grid-best tree within 2 %), interleaved in one run on the same target, head and prompts.
 
-    PYTHONPATH=. .venv/bin/python docs/adhoc/one_engine_cpu.py [DTYPE] [N_PROMPTS] [MAX_NEW] [ROUNDS]
+    PYTHONPATH=. .venv/bin/python docs/adhoc/one_engine_cpu.py [DTYPE] [N_PROMPTS] [MAX_NEW] [ROUNDS] [METHODS]
+
+METHODS: a comma-separated subset of ar, grid, default, chain (default: all four).
 
 "before" is tests/reference_engine.py, the batch-1 loop (growing DynamicCache) as `Engine` ran it
 until 2026-11-27, its clock reads left out (perf_counter on a CPU); "after" is `Engine` (the batched
 engine at B = 1). Each side is timed the same way, perf_counter around the whole generation
 (prefill included). Prompt by prompt both decode it, the order alternating, so the machine's drift
 falls on both alike. Prints per method: tokens/s of each, after / before, and whether every output
-is equal (fp32: it must be).
+is equal (fp32: it must be). Besides the ratio of the sums, the median and quartiles of the per-pair
+ratios (each prompt's two back-to-back generations): a slow patch of the VM falls on one pair, not on
+the whole sum.
 """
 import json
 import sys
@@ -30,6 +34,9 @@ max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 64
 rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 2
 METHODS = {"ar": None, "grid-best (3, 10, 8)": (3, 10, 8), "static default (8, 10, 60)": (8, 10, 60),
            "chain 3 (3, 1, 4)": (3, 1, 4)}
+if len(sys.argv) > 5:
+    keep = sys.argv[5].split(",")
+    METHODS = {k: v for k, v in METHODS.items() if k.split()[0].split("-")[0] in keep}
 
 t = load_target("smollm2-135m", dtype=dtype)
 head = load_head_for("default", t.model)
@@ -51,18 +58,22 @@ for shape in METHODS.values():                                             # war
         run(eng, shape, prompts[0])
 report = {}
 for name, shape in METHODS.items():
-    tok, wall, equal = {"before": 0, "after": 0}, {"before": 0.0, "after": 0.0}, True
+    tok, wall, equal, pairs = {"before": 0, "after": 0}, {"before": 0.0, "after": 0.0}, True, []
     for k in range(rounds):
         for i, p in enumerate(prompts):
-            outs = {}
+            outs, secs = {}, {}
             for side in (("before", "after") if (i + k) % 2 == 0 else ("after", "before")):
                 r, s = run(sides[side], shape, p)
                 tok[side] += r.new_tokens
                 wall[side] += s
+                secs[side] = s
                 outs[side] = r.output_ids
             equal &= outs["before"] == outs["after"]
+            pairs.append(secs["before"] / secs["after"])                  # after/before in tokens/s
     b, a = tok["before"] / wall["before"], tok["after"] / wall["after"]
-    report[name] = {"before_tokens_per_s": b, "after_tokens_per_s": a, "after_over_before": a / b, "equal": equal}
-    print(f"{name:28s} before {b:6.2f} tok/s  after {a:6.2f} tok/s  after/before {a / b:.3f}  outputs equal: {equal}",
-          flush=True)
+    q1, med, q3 = (float(x) for x in torch.tensor(pairs).quantile(torch.tensor([0.25, 0.5, 0.75])))
+    report[name] = {"before_tokens_per_s": b, "after_tokens_per_s": a, "after_over_before": a / b,
+                    "pair_median": med, "pair_q1": q1, "pair_q3": q3, "pairs": len(pairs), "equal": equal}
+    print(f"{name:28s} before {b:6.2f} tok/s  after {a:6.2f} tok/s  after/before {a / b:.3f}  "
+          f"per pair median {med:.3f} [{q1:.3f}, {q3:.3f}] ({len(pairs)})  outputs equal: {equal}", flush=True)
 print(json.dumps(report))

@@ -78,11 +78,11 @@ def select_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
 # ---------------------------------------------------------------------------------- one generation
 
 def run_method(engine, name: str, shape, prompts, max_new: int, B: int):
-    from pipeline.decode.controller import StaticBatchController, StepShape
+    from pipeline.decode.controller import StaticController, StepShape
 
     if name == AR:
         return engine.generate_ar(prompts, max_new, batch_size=B)
-    return engine.generate(prompts, max_new, batch_size=B, controller=StaticBatchController(StepShape(*shape)))
+    return engine.generate(prompts, max_new, batch_size=B, controller=StaticController(StepShape(*shape)))
 
 
 def figures(res, ar_outputs) -> dict:

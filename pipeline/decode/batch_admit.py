@@ -19,9 +19,9 @@ import torch
 
 from pipeline.decode.batch_kv import BatchState
 from pipeline.decode.batch_prefill import prefill_groups
-from pipeline.decode.batch_result import RowCycle, cut
+from pipeline.decode.batch_result import cut
 from pipeline.decode.batch_rows import Call, Rows
-from pipeline.decode.controller import StepRecord
+from pipeline.decode.controller import CycleRecord, StepRecord
 from pipeline.decode.verify import sample_token, target_forward
 
 HEADROOM = 64     # slot entries past the longest prompt + max_new_tokens (grown when a step needs more)
@@ -147,7 +147,7 @@ class RowAdmission:
             record.emitted.append(emitted)
             rows.hist[s].append(L)
             r = run.res.rows[i]
-            r.cycles.append(RowCycle(record.step, record.batch_size, record.depth, record.width, record.verify_size,
+            r.cycles.append(CycleRecord(record.step, record.batch_size, record.depth, record.width, record.verify_size,
                                      L, emitted, record.context_lens[s]))
             if stop is not None:
                 r.output_ids, r.stop_reason = rows.out[s], stop

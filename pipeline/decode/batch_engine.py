@@ -60,12 +60,12 @@ from pipeline.decode import arch
 from pipeline.decode import batch_step as step
 from pipeline.decode.batch_admit import HEADROOM, RowAdmission
 from pipeline.decode.batch_kv import BatchState
-from pipeline.decode.batch_result import BatchResult, RowCycle, RowResult
+from pipeline.decode.batch_result import BatchResult, RowResult
 from pipeline.decode.batch_rows import Call, Rows, check_call
 from pipeline.decode.batch_verify import (TreeBatch, accept_greedy_batch, accept_sampling_rows, select_trees,
                                           verify_forward)
-from pipeline.decode.controller import (BatchController, BatchStepContext, StaticBatchController, StepRecord,
-                                        StepShape)
+from pipeline.decode.controller import (Controller, CycleRecord, StaticController, StepContext, StepRecord,
+                                        StepShape, uses_level_hooks)
 from pipeline.decode.prepare import prepare_modules
 from pipeline.decode.head import Eagle3Head
 from pipeline.decode.tree import log_softmax32
@@ -73,7 +73,7 @@ from pipeline.errors import DraftGymError
 from pipeline.runtime.clock import DeviceClock
 from pipeline.runtime.cuda_graphs import GraphCache
 
-__all__ = ["BatchEngine", "BatchResult", "RowCycle", "RowResult"]
+__all__ = ["BatchEngine", "BatchResult", "CycleRecord", "RowResult"]
 
 SPAN_BUCKET = 128  # with CUDA graphs: the key span of a step, rounded up to a multiple of this
 
@@ -110,7 +110,7 @@ class BatchEngine(RowAdmission):
     # -- public entries ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
                  seeds: int | list[int] = 0, batch_size: int = 8,
-                 controller: BatchController | None = None, arrivals: list[float] | None = None,
+                 controller: Controller | None = None, arrivals: list[float] | None = None,
                  max_steps: int | None = None) -> BatchResult:
         """EAGLE-3 at batch size `batch_size` (default controller: the EAGLE-3 tree every step).
         seeds: one for all rows or one per prompt; max_new_tokens likewise. arrivals: each prompt's
@@ -119,7 +119,7 @@ class BatchEngine(RowAdmission):
         if self.head is None:
             raise DraftGymError("method eagle3 needs an EAGLE-3 head")
         return self._run("eagle3", prompts, max_new_tokens, temperature, seeds, batch_size,
-                         controller or StaticBatchController(), features=True, arrivals=arrivals, max_steps=max_steps)
+                         controller or StaticController(), features=True, arrivals=arrivals, max_steps=max_steps)
 
     def generate_ar(self, prompts: list[list[int]], max_new_tokens: int | list[int] = 128, temperature: float = 0.0,
                     seeds: int | list[int] = 0, batch_size: int = 8, arrivals: list[float] | None = None,
@@ -130,7 +130,7 @@ class BatchEngine(RowAdmission):
         on_result(i, row) as prompt i ends; stop_refill() -> True: start no more prompts (those never
         started keep stop_reason ''). Collection's continuations (generate_batch) run here."""
         return self._run("ar", prompts, max_new_tokens, temperature, seeds, batch_size,
-                         StaticBatchController(StepShape.off()), features=False, arrivals=arrivals,
+                         StaticController(StepShape.off()), features=False, arrivals=arrivals,
                          eos=eos_token_ids, on_result=on_result, stop_refill=stop_refill)
 
     # -- one call --------------------------------------------------------------------------------
@@ -181,13 +181,18 @@ class BatchEngine(RowAdmission):
                          + planned .. drafted, less the level hooks' time
             t_verify     drafted .. verified (target forward, acceptance, commit, the host read)
             t_controller plan .. planned + the level hooks + observe .. end
-            t_step       start .. end (refills after it excluded)"""
+            t_step       start .. end (refills after it excluded)
+
+        and each row's cycle of the step gets the step's times (t_cycle = t_step)."""
         sec = self.clock.seconds
-        for record, m, t_hooks in run.marks:
+        for record, m, t_hooks, cycles in run.marks:
             record.t_draft = sec(m["start"], m["plan"]) + sec(m["planned"], m["drafted"]) - t_hooks
             record.t_verify = sec(m["drafted"], m["verified"])
             record.t_controller = sec(m["plan"], m["planned"]) + t_hooks + sec(m["observe"], m["end"])
             record.t_step = sec(m["start"], m["end"])
+            for c in cycles:
+                c.t_draft, c.t_verify, c.t_controller = record.t_draft, record.t_verify, record.t_controller
+                c.t_cycle = record.t_step
         run.marks.clear()
 
     def _stores(self, B: int, S: int, features: bool) -> BatchState:
@@ -233,7 +238,7 @@ class BatchEngine(RowAdmission):
         return TreeBatch(*self.graphs.run(key, fn, state.n, *root))
 
     def _draft_by_level(self, state: BatchState, shape: StepShape, root, controller) -> tuple[TreeBatch, int, float]:
-        """A batch-1 controller's level hooks (OneRowController, B = 1 only): `continue_drafting` after
+        """A controller's level hooks (B = 1 only): `continue_drafting` after
         each draft level may stop the draft, `verify_size` picks V from the pool, as the batch-1 loop
         asks them. Eager (each ask reads the host); the verify is graphed as any. Returns the trees,
         the depth drafted and the seconds spent in the hooks (device-synchronised, as t_controller)."""
@@ -282,7 +287,7 @@ class BatchEngine(RowAdmission):
         state.n_host = [n + p[0] + 1 for n, p in zip(state.n_host, packed)]
         return packed, V
 
-    def _plan(self, state: BatchState, rows: Rows, run: Call, controller: BatchController, queued: int,
+    def _plan(self, state: BatchState, rows: Rows, run: Call, controller: Controller, queued: int,
               marks: dict, mark):
         """Ask the controller for the step's shape. A controller that uses confidences gets each
         root's depth-1 top draft log-prob, from the pending forward run first (its time is t_draft:
@@ -292,7 +297,7 @@ class BatchEngine(RowAdmission):
         if run.features and controller.uses_confidence:
             root = self._pending_forward(state)
             confidence = log_softmax32(root[1]).amax(-1)                                   # [A]
-        ctx = BatchStepContext(step=len(res.steps), batch_size=state.rows, rows=list(rows.req),
+        ctx = StepContext(step=len(res.steps), batch_size=state.rows, rows=list(rows.req),
                                context_lens=list(state.n_host), new_tokens=[len(o) for o in rows.out],
                                history=rows.hist, queued=queued, confidence=confidence,
                                last=res.steps[-1] if res.steps else None)
@@ -302,7 +307,7 @@ class BatchEngine(RowAdmission):
             raise DraftGymError(f"step shape {shape.label()} drafts, but this generation has no EAGLE-3 head")
         return shape, root
 
-    def _step(self, state: BatchState, rows: Rows, run: Call, controller: BatchController) -> None:
+    def _step(self, state: BatchState, rows: Rows, run: Call, controller: Controller) -> None:
         """One step. Its phase boundaries are clock marks (pipeline/runtime/clock.py: CUDA events on a
         GPU, no host sync each), turned into the record's times when the call ends (`_step_times`)."""
         res, mark = run.res, (self.clock.mark if self.timed else _no_mark)
@@ -314,7 +319,7 @@ class BatchEngine(RowAdmission):
         depth, t_hooks = shape.depth, 0.0
         if shape.is_off:
             trees, width, size = None, 1, 1
-        elif getattr(controller, "level_hooks", False):
+        elif uses_level_hooks(controller):
             trees, depth, t_hooks = self._draft_by_level(state, shape, root or self._pending_forward(state), controller)
             width, size = min(shape.width, self.head.cfg.draft_vocab_size), trees.size
         else:
@@ -337,7 +342,7 @@ class BatchEngine(RowAdmission):
         controller.observe(record)
         marks["end"] = mark()
         if self.timed:
-            run.marks.append((record, marks, t_hooks))
+            run.marks.append((record, marks, t_hooks, [run.res.rows[i].cycles[-1] for i in record.rows]))
         res.steps.append(record)
         for s in done:
             t = self._fill(s, state, rows, run)

@@ -5,21 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from pipeline.decode.controller import StepRecord
-
-
-@dataclass
-class RowCycle:
-    """One step as one row saw it."""
-
-    step: int
-    batch_size: int
-    depth: int
-    width: int
-    verify_size: int
-    accepted: int          # L
-    emitted: int           # L + 1, less when EOS or max_new_tokens cut the row
-    context_len: int
+from pipeline.decode.controller import CycleRecord, StepRecord
 
 
 @dataclass
@@ -30,7 +16,7 @@ class RowResult:
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     stop_reason: str = ""           # 'eos' | 'max_new_tokens'
-    cycles: list[RowCycle] = field(default_factory=list)
+    cycles: list[CycleRecord] = field(default_factory=list)   # one per step it took part in
     arrival_s: float = 0.0          # when the request arrived, s on the call's clock (0: at the start)
     join_s: float | None = None     # when its prefill began (it took a slot)
     finish_s: float | None = None   # when its last token was emitted

@@ -88,8 +88,12 @@ def verify_greedy(model, head, state: BatchState, span: int, features: bool, n: 
 def commit(state: BatchState, n: torch.Tensor, trees: TreeBatch, accepted, bonus) -> tuple[torch.Tensor, torch.Tensor]:
     """Row r keeps its accepted path's target KV at n_r .. and its tokens x_{n+1} .. (all V written:
     past L_r + 1 they are stale, overwritten before they are read). Returns ([A, 1 + V]: L_r, then
-    the emitted tokens, -1 past L_r + 1; the commit order [A, V], the accepted path first)."""
+    the emitted tokens, -1 past L_r + 1; the commit order [A, V], the accepted path first). The off
+    step (V = 1) keeps its one entry where it is and emits the bonus: one write, no sort."""
     A, V, dev = state.rows, trees.size, n.device
+    if V == 1:
+        state.ids.scatter_(1, (n + 1)[:, None], bonus[:, None])                            # x_{n+1}
+        return torch.stack([torch.zeros_like(bonus), bonus], 1), torch.zeros(A, 1, dtype=torch.long, device=dev)
     order, L = commit_order(accepted)
     emit = emitted_tokens(trees, order, L, bonus)                                         # [A, V]
     if V > 1:

@@ -94,8 +94,13 @@ def tree_masks(parents: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 def verify_mask(n: torch.Tensor, tree_mask: torch.Tensor, span: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask [B, 1, V, span] of the module docstring. n: [B] prefix lengths."""
+    """Additive mask [B, 1, V, span] of the module docstring. n: [B] prefix lengths. The off step
+    (V = 1, the root alone) is j <= n_r, built directly (a plain AR step's mask, 3 ops)."""
     B, V, _ = tree_mask.shape
+    if V == 1:
+        past = torch.arange(span, device=n.device)[None, :] > n[:, None]                  # [B, span]
+        return torch.zeros(B, 1, 1, span, dtype=dtype, device=n.device).masked_fill_(
+            past[:, None, None, :], torch.finfo(dtype).min)
     rel = torch.arange(span, device=n.device)[None, :] - n[:, None]                     # [B, span] j - n_r
     in_tree = (rel >= 0) & (rel < V)
     tree_part = torch.gather(tree_mask, 2, rel.clamp(0, V - 1)[:, None, :].expand(B, V, span))
@@ -118,7 +123,10 @@ def verify_forward(model, trees: TreeBatch, n: torch.Tensor, span: int, kv, hidd
 
 def accept_greedy_batch(trees: TreeBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy acceptance for every row (module docstring). logits: [B, V, vocab].
-    Returns (accepted [B, V] bool, root True; bonus [B] target argmax at the deepest accepted node)."""
+    Returns (accepted [B, V] bool, root True; bonus [B] target argmax at the deepest accepted node).
+    The off step (V = 1) accepts its root alone: the bonus is the argmax at the root."""
+    if trees.size == 1:
+        return torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device), logits[:, 0].argmax(-1)
     best = logits.argmax(-1)                                                            # [B, V]
     right = trees.tokens == torch.gather(best, 1, trees.parents.clamp(min=0))
     right[:, 0] = True

@@ -2,23 +2,26 @@
 
 One engine (pipeline/decode/batch_engine.py) decodes at every batch size, one shape per step for all
 its rows, as SGLang and vLLM do; one shape type, StepShape (D, W, V): off (D = 0, V = 1, a plain AR
-step), a chain (W = 1, V = D + 1) or an EAGLE-3 tree.
+step), a chain (W = 1, V = D + 1) or an EAGLE-3 tree. One controller interface, at every B:
 
-A batch controller has two hooks: `plan(BatchStepContext)` -> StepShape once per step, and
-`observe(StepRecord)` after it. Provided: StaticBatchController (one shape; off every step is AR at
-batch B), ScheduleBatchController (batch-size ranges -> shape) and ScriptedBatchController (a fixed
-sequence of shapes).
+  1. `plan(StepContext)` once per step, before drafting                  -> StepShape
+     (the batch: B, each row's context and history; at B = 1 that is one sequence's cycle)
+  2. `observe(StepRecord)` after the step, with what happened (held actions, histories)
 
-A batch-1 `Controller` (the policies of the papers decide per sequence) is asked, in each cycle:
-  1. `plan(ctx)` once, before drafting            -> StepShape(depth, width, verify_size)
-     (Re-SpS-style shape policies; `depth` is the maximum number of draft forwards)
-  2. `continue_drafting(step)` after every draft forward but the last allowed one
+and, at B = 1 only, two level hooks for the papers' per-sequence policies (the engine drafts that
+step level by level, eagerly: each ask reads the host):
+
+  3. `continue_drafting(DraftStep)` after every draft forward but the last allowed one
      -> False stops drafting there (LTD / RADAR depth policies, DDD, entropy stops)
-  3. `verify_size(pool, shape)` once, before verification -> V (LTD size policy)
-  4. `observe(record)` after the cycle, with what happened (for held actions, histories)
-`OneRowController` runs it on the engine at B = 1 (what `Engine` does): plan sees a CycleContext,
-observe a CycleRecord; with level hooks the engine drafts that step level by level, eagerly (each
-ask reads the host). The engine times all controller calls together as t_controller.
+  4. `verify_size(DraftPool, shape)` once, before verification -> V (LTD's size policy)
+
+Provided: StaticController (one shape; off every step is AR), ScheduleController (batch-size
+ranges -> shape, vLLM's and SGLang's per-B schedules) and ScriptedController (a fixed sequence).
+
+Records: a `StepRecord` per step (the batch's shape, each row's L and tokens, the step's phase
+times), and per row a `CycleRecord` per step it took part in (its L, its tokens, its context; the
+step's times). A batch-1 generation's cycles are its one row's. The engine times all controller
+calls of a step together as t_controller.
 """
 from __future__ import annotations
 
@@ -78,71 +81,8 @@ class StepShape:
 
 
 @dataclass
-class CycleContext:
-    """What `plan` sees at the start of a cycle."""
-
-    cycle: int             # 0-based cycle index within this generation
-    context_len: int       # tokens before the root (prompt + emitted, root excluded)
-    new_tokens: int        # tokens emitted so far
-    last: "CycleRecord | None" = None
-
-
-@dataclass
-class CycleRecord:
-    """One verify cycle. Times are seconds, each device-synchronised."""
-
-    depth: int             # D actually drafted
-    width: int             # W
-    verify_size: int       # V actually verified (root included; clamped to 1 + pool size)
-    accepted: int          # L: drafted tokens accepted
-    emitted: int           # tokens appended: L + 1, less when EOS or max_new_tokens cut the cycle
-    context_len: int
-    t_draft: float         # draft forwards + tree selection
-    t_verify: float        # target verify forward + acceptance + KV compaction
-    t_controller: float    # all controller calls of this cycle
-    t_cycle: float         # the whole cycle; t_cycle - the three above = per-cycle overhead
-
-    @property
-    def t_overhead(self) -> float:
-        """The cycle's time outside draft, verify and controller (the latency model's overhead op)."""
-        return self.t_cycle - self.t_draft - self.t_verify - self.t_controller
-
-
-class Controller:
-    """Base controller: a fixed shape, never stops early. Subclass and override any hook."""
-
-    def __init__(self, shape: StepShape | None = None):
-        self.shape = shape or StepShape()
-
-    def reset(self) -> None:
-        """Called at the start of every generation."""
-
-    def plan(self, ctx: CycleContext) -> StepShape:
-        return self.shape
-
-    def continue_drafting(self, step: DraftStep) -> bool:
-        return True
-
-    def verify_size(self, pool: DraftPool, shape: StepShape) -> int:
-        return shape.verify_size
-
-    def observe(self, record: CycleRecord) -> None:
-        pass
-
-
-class StaticController(Controller):
-    """Static EAGLE-3: the same (D, W, V) every cycle."""
-
-    def __init__(self, depth: int = DEFAULT_DEPTH, width: int = DEFAULT_WIDTH, verify_size: int = DEFAULT_VERIFY_SIZE):
-        super().__init__(StepShape(depth, width, verify_size))
-
-
-# -- batch controllers (module docstring) ---------------------------------------------------------
-
-
-@dataclass
-class BatchStepContext:
-    """What a batch controller sees before a step. Lists are per active row, in slot order."""
+class StepContext:
+    """What `plan` sees before a step. Lists are per active row, in slot order (at B = 1, one entry)."""
 
     step: int                      # 0-based step index within this generation
     batch_size: int                # B: active rows in this step
@@ -154,6 +94,30 @@ class BatchStepContext:
     confidence: "object | None" = None   # [B] tensor: each root's depth-1 top draft log-prob, when
                                           # the controller sets uses_confidence (else None)
     last: "StepRecord | None" = None
+
+
+@dataclass
+class CycleRecord:
+    """One row's cycle: a step as one row saw it. Times are the step's (shared by its rows; seconds
+    between its phase marks, filled in when the generate call ends; 0 in an untimed call)."""
+
+    step: int              # the step it took part in
+    batch_size: int        # B active rows in that step
+    depth: int             # D drafted (0: off)
+    width: int             # W
+    verify_size: int       # V verified (root included; clamped to 1 + pool size)
+    accepted: int          # L: drafted tokens accepted
+    emitted: int           # tokens appended: L + 1, less when EOS or max_new_tokens cut the row
+    context_len: int       # tokens before the root
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_controller: float = 0.0
+    t_cycle: float = 0.0   # the step's t_step
+
+    @property
+    def t_overhead(self) -> float:
+        """The cycle's time outside draft, verify and controller (the latency model's overhead op)."""
+        return self.t_cycle - self.t_draft - self.t_verify - self.t_controller
 
 
 @dataclass
@@ -195,11 +159,11 @@ class StepRecord:
         return StepShape(self.depth, self.width, self.verify_size)
 
 
-class BatchController:
-    """Base batch controller: a fixed shape every step. Subclass and override `plan` / `observe`.
-    Set `uses_confidence = True` to be given the roots' depth-1 draft confidences: the engine then
-    runs the head's forward over the pending entries before `plan` (work a drafting step does
-    anyway; on an off step it keeps the head's cache current)."""
+class Controller:
+    """Base controller: a fixed shape every step, never stops early. Subclass and override any hook
+    (module docstring). Set `uses_confidence = True` to be given the roots' depth-1 draft
+    confidences: the engine then runs the head's forward over the pending entries before `plan`
+    (work a drafting step does anyway; on an off step it keeps the head's cache current)."""
 
     uses_confidence = False
 
@@ -209,18 +173,30 @@ class BatchController:
     def reset(self) -> None:
         """Called at the start of every generation."""
 
-    def plan(self, ctx: BatchStepContext) -> StepShape:
+    def plan(self, ctx: StepContext) -> StepShape:
         return self.shape
+
+    def continue_drafting(self, step: DraftStep) -> bool:
+        """Level hook, B = 1 only: asked after each draft forward but the last allowed one."""
+        return True
+
+    def verify_size(self, pool: DraftPool, shape: StepShape) -> int:
+        """Level hook, B = 1 only: V from the drafted pool."""
+        return shape.verify_size
 
     def observe(self, record: StepRecord) -> None:
         pass
 
 
-class StaticBatchController(BatchController):
-    """The same shape every step (StepShape.off() every step is AR at batch B)."""
+class StaticController(Controller):
+    """The same shape every step: StaticController(8, 10, 60), or StaticController(shape);
+    StaticController(StepShape.off()) is AR."""
+
+    def __init__(self, depth=DEFAULT_DEPTH, width: int = DEFAULT_WIDTH, verify_size: int = DEFAULT_VERIFY_SIZE):
+        super().__init__(StepShape.of(depth) if hasattr(depth, "depth") else StepShape(depth, width, verify_size))
 
 
-class ScheduleBatchController(BatchController):
+class ScheduleController(Controller):
     """A shape per batch-size range, as vLLM's per-batch-size speculative token counts and SGLang's
     adaptive tiers: ranges [(lo, hi, shape), ...], inclusive, hi None = no upper bound. The ranges
     must cover 1, 2, ... without gaps or overlaps and end open (so every B has a shape)."""
@@ -242,11 +218,11 @@ class ScheduleBatchController(BatchController):
     def shape_for(self, batch_size: int) -> StepShape:
         return next(s for lo, hi, s in self.ranges if lo <= batch_size and (hi is None or batch_size <= hi))
 
-    def plan(self, ctx: BatchStepContext) -> StepShape:
+    def plan(self, ctx: StepContext) -> StepShape:
         return self.shape_for(ctx.batch_size)
 
 
-class ScriptedBatchController(BatchController):
+class ScriptedController(Controller):
     """Plays a list of shapes step by step, round and round (tests; replays of a logged schedule)."""
 
     def __init__(self, shapes):
@@ -255,63 +231,16 @@ class ScriptedBatchController(BatchController):
         self.shapes = [StepShape.of(s) for s in shapes]
         super().__init__(self.shapes[0])
 
-    def plan(self, ctx: BatchStepContext) -> StepShape:
+    def plan(self, ctx: StepContext) -> StepShape:
         return self.shapes[ctx.step % len(self.shapes)]
 
 
 def uses_level_hooks(controller: Controller) -> bool:
-    """Whether a batch-1 controller drafts level by level (`continue_drafting`) or sizes the tree from
-    the pool (`verify_size`): its own `level_hooks` if it says, else whether it overrides either."""
+    """Whether a controller drafts level by level (`continue_drafting`) or sizes the tree from the
+    pool (`verify_size`), B = 1 only: its own `level_hooks` if it says, else whether it overrides either."""
     own = getattr(controller, "level_hooks", None)
     if own is not None:
         return bool(own)
     t = type(controller)
     return t.continue_drafting is not Controller.continue_drafting or t.verify_size is not Controller.verify_size
 
-
-def cycle_record(r: StepRecord) -> CycleRecord:
-    """A B = 1 step as a batch-1 cycle record (t_cycle = t_step)."""
-    return CycleRecord(depth=r.depth, width=r.width, verify_size=r.verify_size, accepted=r.accepted[0],
-                       emitted=r.emitted[0], context_len=r.context_lens[0], t_draft=r.t_draft, t_verify=r.t_verify,
-                       t_controller=r.t_controller, t_cycle=r.t_step)
-
-
-class OneRowController(BatchController):
-    """A batch-1 `Controller` on the batched engine at B = 1: `plan` sees the CycleContext and
-    `observe` a CycleRecord per step; `level_hooks` tells the engine to ask
-    `continue_drafting` after each draft level and `verify_size` before selection."""
-
-    def __init__(self, controller: Controller):
-        self.inner = controller
-        self.level_hooks = uses_level_hooks(controller)
-        self.shape = StepShape.of(getattr(controller, "shape", None) or StepShape())
-
-    def reset(self) -> None:
-        self.inner.reset()
-        self.records: list[CycleRecord] = []      # what observe gave the controller, one per step
-
-    def plan(self, ctx: BatchStepContext) -> StepShape:
-        if ctx.batch_size != 1:
-            raise DraftGymError(f"a batch-1 controller ({type(self.inner).__name__}) runs at batch size 1, "
-                                f"got {ctx.batch_size} rows")
-        last = self.records[-1] if ctx.last is not None else None
-        return StepShape.of(self.inner.plan(CycleContext(ctx.step, ctx.context_lens[0], ctx.new_tokens[0], last)))
-
-    def continue_drafting(self, step: DraftStep) -> bool:
-        return self.inner.continue_drafting(step)
-
-    def verify_size(self, pool: DraftPool, shape: StepShape) -> int:
-        return self.inner.verify_size(pool, shape)
-
-    def observe(self, record: StepRecord) -> None:
-        """The controller gets the cycle's record before its times are known (they are resolved
-        when the call ends); `finish` completes the same objects then."""
-        self.records.append(cycle_record(record))
-        self.inner.observe(self.records[-1])
-
-    def finish(self, steps: list[StepRecord]) -> list[CycleRecord]:
-        """The records observe handed out, with each step's times (known once the call has ended:
-        the engine resolves its phase marks then)."""
-        for rec, st in zip(self.records, steps):
-            rec.t_draft, rec.t_verify, rec.t_controller, rec.t_cycle = st.t_draft, st.t_verify, st.t_controller, st.t_step
-        return self.records

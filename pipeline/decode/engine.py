@@ -21,9 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 from pipeline.decode import arch
 from pipeline.decode.batch_engine import BatchEngine
-from pipeline.decode.controller import Controller, CycleRecord, OneRowController, StaticController
+from pipeline.decode.controller import Controller, CycleRecord, StaticController
 from pipeline.decode.head import Eagle3Head
-from pipeline.errors import DraftGymError
 
 
 @dataclass
@@ -65,9 +64,10 @@ class GenerationResult:
 class Engine:
     """EAGLE-3 (and AR) generation for one target + one head, one prompt at a time: the batched
     engine (pipeline/decode/batch_engine.py) at B = 1. One engine for every batch size (issue N):
-    static caches and, on a GPU, CUDA graphs at batch 1 as at batch 64. A batch-1 `Controller` runs
-    through `OneRowController` (plan sees a CycleContext, observe the CycleRecord kept in the result;
-    level hooks asked after each draft level, that step drafting eagerly). The batch-1 loop this
+    static caches and, on a GPU, CUDA graphs at batch 1 as at batch 64. The controller is the one
+    interface of every batch size (pipeline/decode/controller.py: plan sees the StepContext of one
+    row; level hooks asked after each draft level, that step drafting eagerly); the result's cycles
+    are the row's CycleRecords. The batch-1 loop this
     replaced (a growing DynamicCache) is the tests' oracle (tests/reference_engine.py): the same
     outputs cycle for cycle in fp32. On a CPU the trees run at that loop's speed and the AR step a
     few percent slower (the off step's mask and commit, which the loop did not have)."""
@@ -101,17 +101,14 @@ class Engine:
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
                  controller: Controller | None = None) -> GenerationResult:
-        """EAGLE-3 with a batch-1 controller (default: the static EAGLE-3 tree every cycle)."""
-        if self.head is None:
-            raise DraftGymError("method eagle3 needs an EAGLE-3 head")
-        one = OneRowController(controller or StaticController())
-        res = self.batched.generate([list(prompt_ids)], max_new_tokens, temperature, seed, 1, one)
-        return _one_row(res, one.finish(res.steps))
+        """EAGLE-3 under a controller (default: the static EAGLE-3 tree every cycle)."""
+        return _one_row(self.batched.generate([list(prompt_ids)], max_new_tokens, temperature, seed, 1,
+                                              controller or StaticController()))
 
 
-def _one_row(res, cycles: list[CycleRecord] | None = None) -> GenerationResult:
-    """A B = 1 result as a GenerationResult (cycles: the records its controller
-    saw; an AR call has none)."""
+def _one_row(res) -> GenerationResult:
+    """A B = 1 result as a GenerationResult (an AR call's row has no cycles)."""
     row = res.rows[0]
-    return GenerationResult(res.method, row.prompt_ids, row.output_ids, cycles or [], wall_s=res.wall_s,
+    cycles = row.cycles if res.method == "eagle3" else []
+    return GenerationResult(res.method, row.prompt_ids, row.output_ids, cycles, wall_s=res.wall_s,
                             prefill_s=res.prefill_s, stop_reason=row.stop_reason)

@@ -80,7 +80,7 @@ def summary_json(res, shape, batch_size: int, device: str, dtype: str) -> dict:
 def run_batch_generate(cfg) -> int:
     """`draftgym generate --batch-size B` (cfg: pipeline.decode.generate.GenerateConfig)."""
     from pipeline.decode.batch_engine import BatchEngine
-    from pipeline.decode.controller import StaticBatchController
+    from pipeline.decode.controller import StaticController
     from pipeline.decode.head import load_head_for, resolve_head_dir
     from pipeline.decode.target import encode_prompt, load_target
     from pipeline.runtime.fingerprint import device_name, dtype_name
@@ -102,7 +102,7 @@ def run_batch_generate(cfg) -> int:
         res = engine.generate_ar(prompts, cfg.max_new_tokens, cfg.temperature, seeds, batch_size=cfg.batch_size)
     else:
         res = engine.generate(prompts, cfg.max_new_tokens, cfg.temperature, seeds, batch_size=cfg.batch_size,
-                              controller=StaticBatchController(shape))
+                              controller=StaticController(shape))
     for row, (pid, _) in zip(res, items):
         sys.stdout.write(json.dumps(row_json(row, pid, target.tokenizer)) + "\n")
     sys.stdout.flush()

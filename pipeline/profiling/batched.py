@@ -36,7 +36,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from pipeline.decode.controller import ScriptedBatchController, StepShape
+from pipeline.decode.controller import ScriptedController, StepShape
 from pipeline.profiling.timed_ops import depth_for, policy_op, stats_of, time_op, verify_width
 from pipeline.profiling.trust import cell_key, suspect_cells
 
@@ -74,7 +74,7 @@ def batched_samples(eng, batch: int, shapes, context: int, prompt: Callable[[int
     samples per row key (op, W, V, c, B) (step_rows). prompt(c, r) -> row r's prompt of c tokens."""
     n_steps = (warmup + repeats) * len(shapes)
     res = eng.generate([prompt(context, r) for r in range(batch)], n_steps * TOKENS_PER_STEP, batch_size=batch,
-                       controller=ScriptedBatchController([s for s, _ in shapes]), max_steps=n_steps)
+                       controller=ScriptedController([s for s, _ in shapes]), max_steps=n_steps)
     return step_rows(res.steps, shapes, batch, context, warmup)
 
 

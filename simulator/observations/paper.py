@@ -1,7 +1,7 @@
 """Observations: the ONE place where policy inputs are built, offline (simulator) and online (engine).
 
 Every function takes the quantities the online engine exposes (`pipeline.decode.tree.DraftStep` fields,
-`DraftPool.scores`, `CycleContext`/`CycleRecord` fields) as numpy arrays with any leading batch
+`DraftPool.scores`, `StepContext`/`CycleRecord` fields) as numpy arrays with any leading batch
 shape, so the same code builds one observation for the engine (batch 1) and millions for the
 replay env (batched gathers from the logs). Outputs are float32 and deterministic.
 
@@ -27,7 +27,7 @@ The four observation families (docs/design.md, "Action spaces"):
               the paper reuses target hidden states; we use what the engine already exposes):
               s = [sort(prev root-child scores)[:8], prev L/Dmax, prev D/Dmax, prev V/240,
                    prev W/32, prev emitted/(Dmax+1), ctx/1000, has_prev]                  dim 15
-              "prev" is the previous cycle (the engine's `CycleContext.last` plus the first W
+              "prev" is the previous cycle (the engine's `StepContext.last` at B = 1 plus the first W
               scores of the previous `DraftPool`), zeros with has_prev = 0 at a generation's start.
 """
 from __future__ import annotations

@@ -95,14 +95,14 @@ class AcceptanceHistory:
             self.update(env[upd], np.asarray(last_accepted)[upd], np.asarray(last_depth)[upd])
 
     def update_from_context(self, ctx) -> None:
-        """Batch-1 `update_from_plan` for the online controller: env 0, from the engine's CycleContext
-        (ctx.cycle, ctx.last: the previous CycleRecord or None)."""
-        if ctx.cycle == 0:
+        """Batch-1 `update_from_plan` for the online controller: env 0, from the engine's StepContext
+        at B = 1 (ctx.step, ctx.last: the previous StepRecord or None; its row 0)."""
+        if ctx.step == 0:
             self.reset(0)
         elif ctx.last is not None:
             # = self.update(0, L, D) in float32 scalars (the same float32 operations, so the same
             # numbers; fewer numpy array calls between two verify forwards)
-            L = np.float32(ctx.last.accepted)
+            L = np.float32(ctx.last.accepted[0])
             self._advance(0, L, L / max(np.float32(ctx.last.depth), np.float32(1.0)))
 
     def features(self, idx=None) -> np.ndarray:

@@ -13,7 +13,7 @@ n = 1) calls these instead of the batched hooks when a policy defines them. They
 decisions from the same observations (observations.*_one / *_parts are bit-equal to the batched
 builders; tests check both):
 
-    plan_one(ctx: CycleContext) -> (D_max, W, V)          (only for plans that make no policy call)
+    plan_one(ctx: StepContext, B = 1) -> (D_max, W, V)    (only for plans that make no policy call)
     continue_one(step: DraftStep) -> bool
     verify_size_one(pool_scores [W + (D-1) W^2], depth, context_len, verify) -> V
 
@@ -22,8 +22,8 @@ Class attributes tell the simulator which hooks to call and what a call costs:
     width                               the W its hooks' observations assume (hook policies)
     call_cost                           "model" (latency.t_policy per call) or seconds (heuristics: 0.0)
 
-Inputs hold exactly what the engine exposes (DraftStep fields, DraftPool scores, CycleContext,
-CycleRecord), so an online adapter feeds the same policy with n = 1; observation vectors are
+Inputs hold exactly what the engine exposes (DraftStep fields, DraftPool scores, StepContext,
+StepRecord at B = 1), so an online adapter feeds the same policy with n = 1; observation vectors are
 always built by `simulator.observations.paper`.
 
 Where each policy lives, one module per method (CleanRL style: a method's policy reads in one place):

@@ -5,7 +5,7 @@ One vector per batch, built by ONE function (`load_obs`) from padded per-row arr
 M = max_batch; the replay env passes its slot state ([n envs, M]), the load replay and a batched
 engine pass one batch ([1, M], `step_obs`), so the two are the same numbers (a test checks it). The
 replay reads the confidences from the logs' rows; the batched engine measures s_r(1) itself (the
-top-1 log-prob of the roots' pending draft forward: BatchStepContext.confidence), so on the device
+top-1 log-prob of the roots' pending draft forward: StepContext.confidence), so on the device
 only k <= 1 can be observed (online/chooser_adapter.py).
 
     index  feature                                   scale            when the engine has it
