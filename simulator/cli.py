@@ -233,7 +233,12 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
                    help="the schedule's last range reaches this batch size (default: the largest tuned B)")
     p.add_argument("--out", required=True, help="schedule JSON to write (the tokens/s table goes beside it, same name with .csv)")
     p.add_argument("--plot", default=None, help="PNG of tokens/s x AR against B per shape (default: no plot)")
+    p.add_argument("--ray", action="store_true",
+                   help="tune on every position, not a window: each chunk of --max-positions-in-memory positions "
+                        "replays its own closed batches as a Ray task (embedded, or the cluster at RAY_ADDRESS; logs "
+                        "on a filesystem every node mounts), the chunks' tokens and times pooled")
     window_arg(p)
+    add_no_progress(p)
     add_json(p)
     set_command(p, _tune_config, "simulator.serving.tune:run_tune_command")
 

@@ -201,6 +201,28 @@ def test_collect_on_a_two_node_cluster(tmp_path, tiny_model_dir, monkeypatch):
         assert on_cluster["streamed"] and on_cluster["results"] == one_box["results"]
         assert on_cluster["grid_best"] == one_box["grid_best"]
 
+        # tune as Ray tasks (every position, chunks of 150): the chunks' closed batches pooled on the
+        # cluster equal the same chunks replayed in this process
+        from simulator.logs.stream import LogSource
+        from simulator.serving.tune import TuneConfig, load_inputs, profiled_candidates, summary_rows, tune, tune_part
+
+        tl = tmp_path / "tune-logs"
+        write_synthetic_logs(tl, SyntheticConfig(n_sequences=6, widths=(1, 4), new_tokens=(20, 40), seed=5,
+                                                 shard_sequences=2, latency_profile="gpu", latency_batches=(1, 2, 4)))
+        p = subprocess.run([sys.executable, "-m", "online.cli", "tune", "--logs", str(tl), "--split", "all", "--ray",
+                            "--batch-sizes", "1,4", "--max-positions-in-memory", "150", "--out", str(tmp_path / "s.json"),
+                            "--no-progress", "--json"],
+                           cwd=tmp_path / "driver", env=dict(os.environ), capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        cfg = TuneConfig(logs=str(tl), out="", split="all", max_positions_in_memory=150)
+        window, lat = load_inputs(cfg)
+        shapes, _ = profiled_candidates(window, lat)
+        src = LogSource(tl, split="all", widths="all", progress=False)
+        parts = [tune_part(c, lat, [1, 4], shapes) for c in src.chunks(150, scores=False)]
+        assert len(parts) > 1
+        assert json.loads(p.stdout.strip().splitlines()[-1])["per_batch"] == \
+            summary_rows(tune(window, lat, [1, 4], shapes, parts=parts))
+
         # what did the workers get? Asked from another fresh driver process: this pytest process never
         # connects to the test cluster (a later test's embedded Ray would not start cleanly after it)
         p = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path / "driver", env=dict(os.environ),

@@ -25,7 +25,7 @@ from simulator.serving.replay import ShapeTable, closed_batch
 from simulator.serving.schedule import Schedule
 from simulator.serving.sglang_adaptive import AdaptiveTier, SGLangAdaptive, parse_config
 from simulator.serving.sglang_import import latency_rows, read_bench
-from simulator.serving.tune import headroom, tune
+from simulator.serving.tune import headroom, tune, tune_part
 from tests.serving_fixtures import root, logs, lat  # noqa: F401 (pytest fixtures)
 
 
@@ -206,6 +206,31 @@ def test_tune_picks_the_best_shape_per_batch(logs, lat):
     assert len(sched.ranges) == len({tuple(x) for x in sched.shapes()}) <= 3
     off = res["shapes"].index(S.OFF)
     assert np.allclose(res["tau"][:, off], 1.0)
+
+
+def test_tune_on_chunks_pools_their_closed_batches(tmp_path):
+    """tune over a log read in chunks (what --ray runs, one task a chunk): one chunk is the in-memory
+    answer exactly; several pool their own closed batches, tokens/s = sum tokens / sum time, so the
+    pooled figure lies between the chunks' own."""
+    from simulator.logs.stream import LogSource
+
+    d = tmp_path / "logs"
+    write_synthetic_logs(d, SyntheticConfig(n_sequences=6, widths=(1, 4), new_tokens=(12, 30), latency_profile="gpu",
+                                            latency_batches=(1, 2, 4), shard_sequences=2, seed=3))
+    logs, lat = load_logs(d, widths="all", split="all"), LatencyModel.from_logs(d)
+    shapes, bs = S.candidates(logs, "all"), [1, 4]
+    whole = tune(logs, lat, bs, shapes)
+    src = LogSource(d, split="all", widths="all", progress=False)
+    one = [tune_part(c, lat, bs, shapes) for c in src.chunks(src.n_positions, scores=False)]
+    assert len(one) == 1
+    assert np.array_equal(tune(logs, lat, bs, shapes, parts=one)["tokens_per_s"], whole["tokens_per_s"])
+    parts = [tune_part(c, lat, bs, shapes) for c in src.chunks(max(1, src.n_positions // 3), scores=False)]
+    assert len(parts) >= 3 and sum(p["sequences"] for p in parts) == logs.n_sequences
+    pooled = tune(logs, lat, bs, shapes, parts=parts)
+    own = np.stack([p["tokens"] / p["time"] for p in parts])                                # [chunks, n, A]
+    assert np.all(own.min(0) - 1e-9 <= pooled["tokens_per_s"]) and np.all(pooled["tokens_per_s"] <= own.max(0) + 1e-9)
+    assert np.allclose(pooled["tau"][:, shapes.index(S.OFF)], 1.0) and pooled["sequences"] == logs.n_sequences
+    assert pooled["schedule"].meta["chunks"] == len(parts)
 
 
 def test_headroom_is_the_smallest_worst_shortfall():

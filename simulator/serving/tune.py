@@ -23,6 +23,16 @@ these batch sizes a schedule beats the single shape s* by at most gap(s*). A hea
 that on this device one static shape is as good as a schedule; the schedule pays where the best
 shape at low B and at high B are far apart (a GPU, whose verify is flat in V until B x V reaches
 its knee).
+
+Logs larger than --max-positions-in-memory: by default tune answers on a seeded window of that many
+positions. With --ray it answers on all of them: the split is cut into chunks of at most that many
+positions (simulator.logs.ray_chunks, one Ray task each, on this box or the cluster at RAY_ADDRESS),
+each chunk replays its own closed batch at every (B, shape), and the chunks' sums are pooled,
+
+    tokens/s(s, B) = sum over chunks of tokens / sum over chunks of step time
+
+(tau and drafts/step likewise over row-steps). One chunk is exactly the in-memory answer; several
+are independent closed batches of the same traffic, each chunk's sequences batched together.
 """
 from __future__ import annotations
 
@@ -38,6 +48,7 @@ from pipeline.cliargs import parse_positive_ints
 from pipeline.errors import DataError
 from simulator.latency_model import LatencyModel
 from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
+from simulator.serving import metrics as M
 from simulator.serving import shapes as S
 from simulator.serving.replay import ShapeTable, closed_batch
 from simulator.serving.schedule import Schedule
@@ -62,16 +73,19 @@ class TuneConfig:
     plot: str | None = None               # PNG of tokens/s against B per shape
     as_json: bool = False                 # print one JSON object
     max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
+    ray: bool = False                     # all positions, in chunks of max_positions_in_memory, as Ray tasks
+    progress: bool = True                 # progress bar of the Ray chunks
 
 
-def load_inputs(cfg, split: str | None = None, seed: int = 0):
+def load_inputs(cfg, split: str | None = None, seed: int = 0, window_note: bool = True):
     """(logs of the split, every width, the latency model of the logs' dtype) for a tune / serve-eval /
     train-load config: the whole split, or a window of cfg.max_positions_in_memory positions drawn with
-    `seed` when it is larger (simulator.logs.stream.LogSource.sample)."""
+    `seed` when it is larger (simulator.logs.stream.LogSource.sample; its note printed unless not
+    window_note: tune --ray reads every position and uses the window only for the candidates)."""
     src = LogSource(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset,
                     split=split or cfg.split, widths="all", dtype=cfg.dtype, progress=False)
     logs = src.sample(cfg.max_positions_in_memory, seed=seed)
-    for note in logs.notes[len(src.notes):]:     # the window's note (stderr: a --json stdout stays one object)
+    for note in logs.notes[len(src.notes):] if window_note else ():   # the window's (stderr: --json stays one object)
         print("note: " + note, file=sys.stderr)
     lat = LatencyModel.from_logs(cfg.latency or cfg.logs, model=logs.model, profile=cfg.profile, dtype=logs.dtype,
                                  trust=True)
@@ -80,21 +94,51 @@ def load_inputs(cfg, split: str | None = None, seed: int = 0):
     return logs, lat
 
 
-def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_batch: int | None = None,
-         split: str | None = None) -> dict:
-    """Closed-batch tokens/s of every shape at every B -> {"schedule", "batch_sizes", "shapes" [A],
-    "tokens_per_s" [n, A], "tau" [n, A], "drafts_per_step" [n, A]}."""
+def tune_part(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4) -> dict:
+    """One set of logs' closed batches at every B: the additive sums {"tokens", "time", "row_steps",
+    "drafted"}, each [n, A] (n batch sizes in the order given, A shapes), and "sequences"."""
     table = ShapeTable(logs, shapes)
+    runs = [closed_batch(logs, latency, table, B, n_requests=max(logs.n_sequences, requests_per_slot * B))
+            for B in batch_sizes]
+    out = {k: np.stack([r[k] for r in runs]) for k in ("tokens", "time", "row_steps")}
+    out["drafted"] = out["row_steps"] * table.drafts(np.arange(len(table)))[None, :]
+    out["sequences"] = int(logs.n_sequences)
+    return out
+
+
+def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_batch: int | None = None,
+         split: str | None = None, parts: list[dict] | None = None) -> dict:
+    """Closed-batch tokens/s of every shape at every B -> {"schedule", "batch_sizes", "shapes" [A],
+    "tokens_per_s" [n, A], "tau" [n, A], "drafts_per_step" [n, A], "sequences"}. parts: the chunks'
+    `tune_part` sums, pooled (module docstring); default one part, `logs` itself."""
     bs = sorted({int(b) for b in batch_sizes})
-    runs = [closed_batch(logs, latency, table, B, n_requests=max(logs.n_sequences, requests_per_slot * B)) for B in bs]
-    tps = np.stack([r["tokens_per_s"] for r in runs])                              # [n, A]
-    best = [table.shapes[int(np.argmax(row))] for row in tps]
-    tuning = {"batch_sizes": bs, "shapes": table.labels(), "tokens_per_s": tps.round(6).tolist()}
+    shapes = [S.canonical(s) for s in shapes]
+    parts = parts if parts is not None else [tune_part(logs, latency, bs, shapes, requests_per_slot)]
+    tot = {k: sum(p[k] for p in parts) for k in ("tokens", "time", "row_steps", "drafted")}
+    tps = M.throughput(tot["tokens"], tot["time"])                                  # [n, A]
+    best = [shapes[int(np.argmax(row))] for row in tps]
+    n_seq = sum(p["sequences"] for p in parts)
+    tuning = {"batch_sizes": bs, "shapes": [S.label(s) for s in shapes], "tokens_per_s": tps.round(6).tolist()}
     meta = {"split": split, "model": logs.model, "dtype": logs.dtype, "latency_profile": latency.meta.get("profile_id"),
-            "device": latency.meta.get("device"), "sequences": int(logs.n_sequences)}
+            "device": latency.meta.get("device"), "sequences": n_seq, "chunks": len(parts)}
     sched = Schedule.from_choices(bs, best, max_batch=max_batch, tuning=tuning, meta=meta)
-    return {"schedule": sched, "batch_sizes": bs, "shapes": table.shapes, "tokens_per_s": tps,
-            "tau": np.stack([r["tau"] for r in runs]), "drafts_per_step": np.stack([r["drafts_per_step"] for r in runs])}
+    return {"schedule": sched, "batch_sizes": bs, "shapes": shapes, "tokens_per_s": tps,
+            "tau": M.tau(tot["tokens"], tot["row_steps"]), "drafts_per_step": M.drafts_per_step(tot["drafted"], tot["row_steps"]),
+            "sequences": n_seq}
+
+
+def tune_chunks_on_ray(cfg, latency, batch_sizes, shapes) -> list[dict]:
+    """`tune_part` of every chunk of cfg's split (at most cfg.max_positions_in_memory positions each),
+    one Ray task per chunk (simulator.logs.ray_chunks)."""
+    from functools import partial
+
+    from simulator.logs.ray_chunks import map_chunks
+
+    src = LogSource(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset, split=cfg.split,
+                    widths="all", dtype=cfg.dtype, progress=cfg.progress)
+    fn = partial(tune_part, latency=latency, batch_sizes=sorted({int(b) for b in batch_sizes}), shapes=list(shapes),
+                 requests_per_slot=cfg.requests_per_slot)
+    return [p for p in map_chunks(src, fn, cfg.max_positions_in_memory, scores=False, desc="tune") if p["sequences"]]
 
 
 def summary_rows(res: dict) -> list[dict]:
@@ -184,11 +228,12 @@ def profiled_candidates(logs, latency, which: str = "all") -> tuple[list, str | 
 
 def run_tune_command(cfg: TuneConfig) -> int:
     bs = parse_positive_ints(cfg.batch_sizes, "--batch-sizes")
-    logs, lat = load_inputs(cfg)
+    logs, lat = load_inputs(cfg, window_note=not cfg.ray)
     if logs.n_sequences == 0:
         raise DataError(f"no sequences in split {cfg.split!r}")
     cands, note = profiled_candidates(logs, lat, cfg.shapes)
-    res = tune(logs, lat, bs, cands, cfg.requests_per_slot, cfg.max_batch, cfg.split)
+    parts = tune_chunks_on_ray(cfg, lat, bs, cands) if cfg.ray else None
+    res = tune(logs, lat, bs, cands, cfg.requests_per_slot, cfg.max_batch, cfg.split, parts=parts)
     sched = res["schedule"]
     out = sched.save(cfg.out)
     table = write_table(res, out.with_suffix(".csv"))
@@ -199,7 +244,8 @@ def run_tune_command(cfg: TuneConfig) -> int:
         print(json.dumps({"schedule": sched.to_json()["ranges"], "per_batch": rows, "headroom": room, "out": str(out),
                           "table": str(table), "plot": cfg.plot, "note": note}))
         return 0
-    print(f"tuned on {logs.n_sequences} {cfg.split} sequences, {len(res['shapes'])} shapes, latency "
+    chunks = f" in {len(parts)} Ray chunks" if parts is not None else ""
+    print(f"tuned on {res['sequences']} {cfg.split} sequences{chunks}, {len(res['shapes'])} shapes, latency "
           f"{lat.meta.get('profile_id')} ({lat.meta.get('device')})")
     print(f"{'B':>5}  {'best shape':<16} {'tokens/s':>10} {'x AR':>6} {'x 2nd':>6}  second")
     for r in rows:
