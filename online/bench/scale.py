@@ -15,6 +15,9 @@ own:
                (online.bench.ltd): wall seconds, env steps/s, peak RSS
     tune       `draftgym tune` at B = 1, 4, 16, 64 on the train split's replay window, with a synthetic
                batched CPU profile: wall seconds, peak RSS, the schedule
+    tune_ray   the same with --ray: every train position, a chunk of --max-positions a Ray task (embedded
+               Ray, or RAY_ADDRESS), the chunks pooled: wall seconds, the driver's peak RSS (a task's
+               is the window's: it holds one chunk), the schedule
     validate   validate's logs side (no model): the acceptance logs of three prompts (a window plus their
                sequences when N exceeds --max-positions-in-memory) and grid-best (streamed then): wall
                seconds, peak RSS, grid-best
@@ -89,9 +92,10 @@ def phase_ltd(args) -> dict:
             "peak_rss_gb": round(_peak_rss_gb(), 2)}
 
 
-def phase_tune(args) -> dict:
-    """`draftgym tune` at B = 1, 4, 16, 64 (every logged tree, the train split's window) on a synthetic CPU
-    profile taken at those batch sizes, written beside the logs."""
+def phase_tune(args, ray: bool = False) -> dict:
+    """`draftgym tune` at B = 1, 4, 16, 64 (every logged tree, the train split's window; ray: every
+    position, in chunks as Ray tasks) on a synthetic CPU profile taken at those batch sizes, written
+    beside the logs."""
     from online.cli import main as cli
     from simulator.logs.synthetic import SyntheticConfig, latency_rows, write_latency
 
@@ -99,12 +103,14 @@ def phase_tune(args) -> dict:
     write_latency(lat, latency_rows(SyntheticConfig().model, "cpu", batches=(1, 4, 16, 64)))
     t0 = time.perf_counter()
     rc = cli(["tune", "--logs", args.logs, "--latency", str(lat), "--batch-sizes", "1,4,16,64", "--shapes", "tree", "--split", "train",
-              "--max-positions-in-memory", str(args.max_positions), "--out", str(out)])
+              "--max-positions-in-memory", str(args.max_positions), "--out", str(out), "--no-progress"]
+             + (["--ray"] if ray else []))
     dt = time.perf_counter() - t0
     if rc:
         raise SystemExit(f"bench_scale: tune exited {rc}")
     sched = json.loads(out.read_text())
-    return {"phase": "tune", "seconds": round(dt, 1), "peak_rss_gb": round(_peak_rss_gb(), 2),
+    return {"phase": "tune_ray" if ray else "tune", "seconds": round(dt, 1), "peak_rss_gb": round(_peak_rss_gb(), 2),
+            "sequences": sched["meta"]["sequences"], "chunks": sched["meta"]["chunks"],
             "ranges": [[r["batch"], r["shape"]] for r in sched["ranges"]]}
 
 
@@ -129,7 +135,7 @@ def phase_validate(args) -> dict:
 
 
 PHASES = {"write": phase_write, "evaluate": phase_evaluate, "ltd": phase_ltd, "tune": phase_tune,
-          "validate": phase_validate}
+          "tune_ray": lambda args: phase_tune(args, ray=True), "validate": phase_validate}
 
 
 def main(argv=None) -> int:
@@ -141,7 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--positions", type=int, default=200_000, help="positions to write (rounded up to sequences)")
     ap.add_argument("--logs", default="data/reports/bench/scale-logs", help="where the synthetic logs go")
     ap.add_argument("--phases", default="write,evaluate,ltd,tune,validate",
-                    help="comma-separated: write, evaluate, ltd, tune, validate")
+                    help="comma-separated: write, evaluate, ltd, tune, tune_ray, validate")
     ap.add_argument("--workers", type=int, default=2, help="processes writing shards")
     ap.add_argument("--max-positions", type=int, default=DEFAULT_MAX_POSITIONS,
                     help="--max-positions-in-memory of evaluate and training")
