@@ -17,7 +17,7 @@ per step, so speedups compare like with like.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from pipeline.decode import arch
 from pipeline.decode.batch_engine import BatchEngine
@@ -56,9 +56,6 @@ class GenerationResult:
         return {"method": self.method, "new_tokens": self.new_tokens, "cycles": len(self.cycles),
                 "tau": self.tau, "tokens_per_s": self.tokens_per_s, "wall_s": self.wall_s,
                 "prefill_s": self.prefill_s, "stop_reason": self.stop_reason}
-
-    def cycle_rows(self) -> list[dict]:
-        return [asdict(c) for c in self.cycles]
 
 
 class Engine:
