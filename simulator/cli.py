@@ -43,8 +43,8 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
 def window_arg(p: argparse.ArgumentParser) -> None:
     """--max-positions-in-memory: the one memory knob of every command that reads positions."""
     p.add_argument("--max-positions-in-memory", type=int, default=None,
-                   help="logs with more positions are read a chunk (evaluate; validate's grid-best) or a seeded "
-                        "sampled window (train, tune, serve-eval, train-load, transfer; validate: plus the decoded "
+                   help="logs with more positions are read a chunk (evaluate, tune --ray; validate's grid-best) or a "
+                        "seeded sampled window (train, tune, serve-eval, train-load, transfer; validate: plus the decoded "
                         "prompts' sequences) of this many at a time: about 3-6 KB each at W = 10 (default 500000)")
 
 
