@@ -70,7 +70,7 @@ class Method:
             return StaticController(StepShape(*self.shape))
         rs = self.schedule.ranges            # beyond the last range, the last shape (Schedule.shape_for)
         return ScheduleController([(lo, hi if k + 1 < len(rs) else None, StepShape(*s))
-                                        for k, (lo, hi, s) in enumerate(rs)])
+                                   for k, (lo, hi, s) in enumerate(rs)])
 
     def shape_at(self, batch: int) -> tuple:
         return self.shape if self.schedule is None else self.schedule.shape_for(batch)

@@ -148,7 +148,7 @@ class RowAdmission:
             rows.hist[s].append(L)
             r = run.res.rows[i]
             r.cycles.append(CycleRecord(record.step, record.batch_size, record.depth, record.width, record.verify_size,
-                                     L, emitted, record.context_lens[s]))
+                                        L, emitted, record.context_lens[s]))
             if stop is not None:
                 r.output_ids, r.stop_reason = rows.out[s], stop
                 done.append(s)

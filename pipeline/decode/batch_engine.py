@@ -298,9 +298,9 @@ class BatchEngine(RowAdmission):
             root = self._pending_forward(state)
             confidence = log_softmax32(root[1]).amax(-1)                                   # [A]
         ctx = StepContext(step=len(res.steps), batch_size=state.rows, rows=list(rows.req),
-                               context_lens=list(state.n_host), new_tokens=[len(o) for o in rows.out],
-                               history=rows.hist, queued=queued, confidence=confidence,
-                               last=res.steps[-1] if res.steps else None)
+                          context_lens=list(state.n_host), new_tokens=[len(o) for o in rows.out],
+                          history=rows.hist, queued=queued, confidence=confidence,
+                          last=res.steps[-1] if res.steps else None)
         marks["plan"] = mark()
         shape = StepShape.of(controller.plan(ctx))
         if shape.depth and not run.features:

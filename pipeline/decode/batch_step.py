@@ -96,8 +96,7 @@ def commit(state: BatchState, n: torch.Tensor, trees: TreeBatch, accepted, bonus
         return torch.stack([torch.zeros_like(bonus), bonus], 1), torch.zeros(A, 1, dtype=torch.long, device=dev)
     order, L = commit_order(accepted)
     emit = emitted_tokens(trees, order, L, bonus)                                         # [A, V]
-    if V > 1:
-        state.kv.compact(n, order)
+    state.kv.compact(n, order)
     ar, k = torch.arange(A, device=dev)[:, None], torch.arange(V, device=dev)[None, :]
     state.ids[ar, n[:, None] + 1 + k] = emit.clamp(min=0)                                 # x_{n+1} ..
     return torch.cat([L[:, None], emit], 1), order

@@ -77,13 +77,18 @@ class TuneConfig:
     progress: bool = True                 # progress bar of the Ray chunks
 
 
+def log_source(cfg, split: str | None = None, progress: bool = False) -> LogSource:
+    """The logs a tune / serve-eval / train-load config selects (its split unless `split`), every width."""
+    return LogSource(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset,
+                     split=split or cfg.split, widths="all", dtype=cfg.dtype, progress=progress)
+
+
 def load_inputs(cfg, split: str | None = None, seed: int = 0, window_note: bool = True):
     """(logs of the split, every width, the latency model of the logs' dtype) for a tune / serve-eval /
     train-load config: the whole split, or a window of cfg.max_positions_in_memory positions drawn with
     `seed` when it is larger (simulator.logs.stream.LogSource.sample; its note printed unless not
     window_note: tune --ray reads every position and uses the window only for the candidates)."""
-    src = LogSource(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset,
-                    split=split or cfg.split, widths="all", dtype=cfg.dtype, progress=False)
+    src = log_source(cfg, split)
     logs = src.sample(cfg.max_positions_in_memory, seed=seed)
     for note in logs.notes[len(src.notes):] if window_note else ():   # the window's (stderr: --json stays one object)
         print("note: " + note, file=sys.stderr)
@@ -134,11 +139,9 @@ def tune_chunks_on_ray(cfg, latency, batch_sizes, shapes) -> list[dict]:
 
     from simulator.logs.ray_chunks import map_chunks
 
-    src = LogSource(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset, split=cfg.split,
-                    widths="all", dtype=cfg.dtype, progress=cfg.progress)
     fn = partial(tune_part, latency=latency, batch_sizes=sorted({int(b) for b in batch_sizes}), shapes=list(shapes),
                  requests_per_slot=cfg.requests_per_slot)
-    return [p for p in map_chunks(src, fn, cfg.max_positions_in_memory, scores=False, desc="tune") if p["sequences"]]
+    return map_chunks(log_source(cfg, progress=cfg.progress), fn, cfg.max_positions_in_memory, scores=False, desc="tune")
 
 
 def summary_rows(res: dict) -> list[dict]:
