@@ -4,7 +4,7 @@
     controller_specs.py       a `--policy` spec as a controller for the real engine
     policy_adapter.py         a simulator Policy inside the engine's controller hooks (batch 1)
     policy_cost.py            `draftgym profile-policy`: what one call of a policy costs inside the engine
-    speedbench.py             Spec-Bench-style timing of decoding methods, with the lossless check
+    speedbench.py             the one decoding driver of validate at every B (run_calls), Spec-Bench-style timing, the lossless check
     validate.py               `draftgym validate`: speedups, lossless, sim-vs-real on the real device
     validate_report.py        validate's Markdown + PNG report
     sim_vs_real.py            validate's sim-vs-real: replayed predictions against the measured cycles

@@ -4,13 +4,15 @@ each B, sampled between the generations it predicts.
 Why: on a shared VM the same batched step costs 20-35 % more or less from one hour to the next
 (BENCHMARKS.md log S6), so a replay timed by a profile taken earlier is off by that much for every
 method alike (S3: +15 to +30 % at B = 4; S6: -18 to -25 %), while the ratios that choose a shape hold.
-Batch 1 has the same remedy (`--profile-interleave` in online/validate.py, rounds of the in-situ
-sampler spread over the decoding); this is its counterpart for the batched engine.
+Batch 1 has the same remedy (`--profile-interleave` in online/validate.py, rounds of the profile's
+sampler, pipeline/profiling/profile.py ProfileSampler, spread over the decoding); this is its
+counterpart for the per-B methods: the same step samples (pipeline/profiling/steps.py), sliced per
+generation and per B.
 
 What runs: at every run r and batch size B, before each method's generation at B, one *slice*: for
 each context level c, B prompts of c tokens (pipeline/profiling/profile.py context_prompt, not the
 validated prompts) prefilled into the batched engine, then one generation
-playing the shapes the methods run at B round-robin (pipeline/profiling/batched.py grid_shapes,
+playing the shapes the methods run at B round-robin (pipeline/profiling/steps.py grid_shapes,
 one warm-up round + ROUNDS timed rounds; each step one sample of draft_step (W, c, B), verify
 (V, c, B) and overhead (c, B)). The context levels span the validated steps: the shortest prompt
 and the longest prompt + max_new_tokens. Why a slice per generation and not one long one: on this VM
@@ -28,18 +30,18 @@ from __future__ import annotations
 
 import time
 
-from pipeline.profiling.batched import batched_samples, grid_shapes, rows_of
+from pipeline.profiling.steps import grid_shapes, rows_of, step_samples
 
 def slice_grid(shapes) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(widths, verify sizes) of the profile grid that holds the canonical shapes (D, W, V) run at one B:
     width 1 and V = 1 (the AR step) always; each shape's V clamped to its pool (the engine's V_eff)."""
-    from pipeline.profiling.timed_ops import tree_pool
+    from pipeline.decode.controller import pool_size
 
     widths, sizes = {1}, {1}
     for D, W, V in shapes:
         if D:
             widths.add(W)
-            sizes.add(min(V, 1 + tree_pool(D, W)))
+            sizes.add(min(V, 1 + pool_size(D, W)))
     return tuple(sorted(widths)), tuple(sorted(sizes))
 
 
@@ -64,7 +66,7 @@ class BatchProfileSlices:
     def __call__(self, batch: int) -> None:
         t0 = time.perf_counter()
         for c in self.contexts:
-            got = batched_samples(self.eng, batch, self.grids[batch], c, self.prompt, self.rounds)
+            got = step_samples(self.eng, batch, self.grids[batch], c, self.prompt, self.rounds)
             for key, ts in got.items():
                 self.samples.setdefault(key, []).extend(ts)
         self.slices += 1

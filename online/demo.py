@@ -76,7 +76,7 @@ def main(argv=None) -> int:
                          + (["--no-ray"] if args.no_ray else []))
     steps += [
         ["profile", "--model", args.model, "--head", head, "--verify-sizes", args.verify_sizes, "--contexts", args.contexts,
-         "--repeats", "3", "--cycle-tokens", "16", "--out", str(logs)] + dt,
+         "--repeats", "3", "--out", str(logs)] + dt,
         ["train", "--method", "ltd", "--logs", str(logs), "--out", str(policy), "--steps", str(args.ltd_steps),
          "--iters", "0,1", "--action-space", "wide"],   # wide: small trees too (a superset of LTD's 20..240)
         ["profile-policy", "--model", args.model, "--head", head, "--policy", str(policy), "--logs", str(logs)] + dt,
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
         steps += [
             ["profile", "--model", args.model, "--head", head, "--batch-sizes", args.batch_sizes, "--verify-sizes",
              args.serving_verify_sizes, "--contexts", str(args.serving_context), "--prefill-lengths", "none",
-             "--repeats", "2", "--cycle-tokens", "16", "--out", str(serving)] + dt,
+             "--repeats", "2", "--out", str(serving)] + dt,
             ["tune", "--logs", str(logs), "--latency", str(serving), "--split", "train", "--batch-sizes", args.batch_sizes,
              "--out", str(schedule), "--plot", str(serving / "schedule.png")],
             ["export", "--schedule", str(schedule), "--format", "vllm", "--best-expressible",

@@ -13,8 +13,8 @@ when it is not asked for, cannot run here, or no longer fits the budget:
   latency   that target at batch 1 (online/gpu_latency.py): the AR step, the verify phase of V
             tokens, one draft forward of width W, whole cycles of each tree shape; AR decode steps
             at batch B = 1..64; the batched EAGLE-3 engine where it exists
-  profile   `draftgym profile` of that target on this GPU (online/gpu_profile.py): batch 1 in situ
-            and every B of --profile-batch-sizes on the batched engine's own steps, the prefill;
+  profile   `draftgym profile` of that target on this GPU (online/gpu_profile.py): batch 1 and
+            every B of --profile-batch-sizes on the one engine's own steps, the prefill;
             comes back as gpu_profile.parquet, a normal latency profile for tune / serve-eval
   kernels   where the device time of the slow cases of the first GPU check goes (online/gpu_kernels.py):
             torch.profiler's top ops by self device and self CPU time, each slow case beside its
@@ -94,7 +94,7 @@ class CheckConfig:
     verify_sizes: tuple = (1, 2, 4, 8, 16, 32, 60, 100, 160)
     widths: tuple = (1, 10)
     repeats: int = 10                                    # latency: timed calls per op (after 2 warm-ups)
-    cycle_tokens: int = 32                               # latency: tokens per in-situ generation
+    cycle_tokens: int = 32                               # latency: tokens per generation of its whole-cycle rows
     batch_sizes: tuple = (1, 2, 4, 8, 16, 32, 64)
     batch_steps: int = 16                                # decode steps timed per batch size
     collect_prompts: int = 8                             # latency: collection rate on this many prompts

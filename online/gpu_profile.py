@@ -2,9 +2,9 @@
 `draftgym profile` writes it (issue P, item 3: GPU cost curves for `tune`, `serve-eval`, `train-load`).
 
 `pipeline.profiling.profile.profile_engine` runs unchanged on the check's random-weight target and
-random head: batch 1 in situ (real cycles of each tree of the grid, on the one engine with CUDA
-graphs), every B > 1 of `profile_batch_sizes` on the batched engine's own steps (each (B, c) one
-generation playing the grid's shapes round-robin), the prefill at each length; suspect cells
+random head: batch 1 and every B of `profile_batch_sizes` on the one engine's own steps, with CUDA
+graphs (each (B, c) one generation playing the grid's shapes round-robin; batch 1 is B = 1 of the
+same path), the prefill at each length; suspect cells
 re-measured once (pipeline/profiling/trust.py). Prompts are random token ids (no tokenizer: the
 weights are random, so any ids are as good as text). The random head is never accepted (tau = 1),
 which changes nothing the profile measures: every cycle drafts, verifies and commits as a trained
@@ -39,7 +39,7 @@ def gpu_profile(cfg, deadline: float, model, head, work: Path, out: Path) -> dic
     t0 = time.perf_counter()
     res = profile_engine(Engine(model, head), None, cfg.target, str(work / "profile"), widths=cfg.profile_widths,
                          verify_sizes=cfg.profile_verify_sizes, contexts=cfg.profile_contexts,
-                         repeats=cfg.profile_repeats, progress=False, cycle_tokens=cfg.cycle_tokens,
+                         repeats=cfg.profile_repeats, progress=False,
                          batch_sizes=cfg.profile_batch_sizes, prefill_lengths=cfg.profile_prefill_lengths,
                          prompt=prompt, deadline=deadline)
     shutil.copy(res["path"], out / PROFILE_FILE)

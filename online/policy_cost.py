@@ -85,7 +85,7 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
     from tqdm import tqdm
 
     from pipeline.runtime.fingerprint import device_name, environment_fingerprint
-    from pipeline.profiling.profile import stats_of
+    from pipeline.profiling.timed_ops import stats_of
     from online.policy_adapter import PolicyController
 
     dev = engine.device

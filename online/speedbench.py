@@ -7,16 +7,23 @@ the method / mean tokens/s of AR, with the same model, the same cache code and t
 At T = 0 every output is compared with AR's and classified exact / near-tie / mismatch
 (pipeline/decode/lossless.py: strict in fp32; in bf16 a divergence at a rounding near-tie is allowed).
 Warm-up generations come first.
+
+`run_calls` is the one driver under it and under `validate --batch-sizes` (online/validate_batch.py):
+the same engine (pipeline/decode/batch_engine.py), the same calls, the same lossless references at
+every batch size; the per-prompt timing is its calls of one prompt at B = 1, the per-B table its
+calls of a queue of max(N, 2B) prompts at each B.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Callable
 
 from tqdm import tqdm
 
+from pipeline.decode.batch_engine import BatchEngine
 from pipeline.decode.controller import Controller
-from pipeline.decode.engine import Engine, GenerationResult
+from pipeline.decode.engine import GenerationResult
 from pipeline.decode.lossless import classify
 
 
@@ -50,43 +57,97 @@ class MethodRuns:
         return sum(c.t_controller for r in rs for c in r.cycles) / wall if wall else 0.0
 
 
-def run_methods(engine: Engine, prompts: list[list[int]], methods: dict[str, Controller | None],
+@dataclass
+class Call:
+    """One generation call of the timed grid: `batch` rows (the most at once) decoding the prompts
+    `requests` (indices into the prompt list; a queue when longer than the batch), one seed per
+    request; optionally each request's arrival time (s from the call's start: served as traffic)
+    and its own max_new_tokens."""
+
+    batch: int
+    requests: list[int]
+    seeds: list[int]
+    arrivals: list[float] | None = None
+    max_new: list[int] | None = None
+
+
+def run_calls(engine: BatchEngine, prompts: list[list[int]], methods: dict[str, Callable[[], Controller] | None],
+              calls: Callable[[int], list[Call]], max_new_tokens: int, temperature: float = 0.0, runs: int = 3,
+              progress: bool = True, before=None, after=None) -> tuple[dict, list[tuple]]:
+    """The one decoding driver of `draftgym validate`, at every batch size: for run r = 0..runs-1 and
+    each Call of calls(r), every method decodes the call's requests in one generation, the methods
+    rotated per run (run r starts at method r mod M, so none always decodes first or last).
+    methods: name -> a controller factory (None = AR, every step off). Warm-up generations (8 tokens,
+    untimed) come first, one per method.
+
+    Lossless (T = 0): every row is classified against its prompt's batch-1 AR output
+    (pipeline/decode/lossless.py), taken from the AR method's own generation of that prompt at B = 1
+    when one ran, else decoded once, untimed; the classification's extra forwards run between
+    generations, in no clock. Hooks, in no generation's clock: before(call) runs before each method's
+    generation, after(r, k) once every method has decoded call k of run r.
+
+    Returns ({(r, k, method): BatchResult}, verdicts: (method, r, k, row j, prompt index, verdict))."""
+    names = list(methods)
+    warm = calls(0)[0]
+    for name in names:
+        _generate(engine, methods[name], Call(min(2, warm.batch), warm.requests[:2], warm.seeds[:2]), prompts,
+                  [8] * len(warm.requests[:2]), temperature)
+    refs: dict[tuple, list[int]] = {}         # (prompt, max_new) -> its batch-1 AR output
+
+    def ref(i: int, m: int) -> list[int]:
+        key = (tuple(prompts[i]), m)
+        if key not in refs:
+            refs[key] = engine.generate_ar([prompts[i]], m, 0.0, 0, batch_size=1)[0].output_ids
+        return refs[key]
+
+    results, verdicts = {}, []
+    plan = [calls(r) for r in range(runs)]
+    bar = tqdm(total=sum(len(c) for c in plan) * len(names), desc="validate", unit="gen", disable=not progress)
+    for r, calls_r in enumerate(plan):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k, call in enumerate(calls_r):
+            max_new = call.max_new or [max_new_tokens] * len(call.requests)
+            for name in order:
+                if before is not None:
+                    before(call)
+                res = _generate(engine, methods[name], call, prompts, max_new, temperature)
+                results[(r, k, name)] = res
+                if temperature <= 0:
+                    if methods[name] is None and call.batch == 1:
+                        for i, m, row in zip(call.requests, max_new, res):
+                            refs.setdefault((tuple(prompts[i]), m), row.output_ids)
+                    verdicts += [(name, r, k, j, i, classify(engine.model, prompts[i], ref(i, m), row.output_ids))
+                                 for j, (i, m, row) in enumerate(zip(call.requests, max_new, res))]
+                bar.update(1)
+            if after is not None:
+                after(r, k)
+    bar.close()
+    return results, verdicts
+
+
+def _generate(engine: BatchEngine, factory, call: Call, prompts, max_new, temperature):
+    ids = [prompts[i] for i in call.requests]
+    if factory is None:
+        return engine.generate_ar(ids, max_new, temperature, call.seeds, batch_size=call.batch, arrivals=call.arrivals)
+    return engine.generate(ids, max_new, temperature, call.seeds, batch_size=call.batch, controller=factory(),
+                           arrivals=call.arrivals)
+
+
+def run_methods(engine: BatchEngine, prompts: list[list[int]], methods: dict[str, Controller | None],
                 max_new_tokens: int, temperature: float = 0.0, runs: int = 3, seed: int = 0,
-                warmup: int = 1, progress: bool = True, between=None) -> tuple[dict[str, MethodRuns], list[tuple]]:
-    """methods: name -> controller (None = AR). Returns (runs per method, lossless verdicts): at T = 0,
-    one (name, run, prompt_index, LosslessVerdict) per non-AR generation (AR must come first in
-    `methods`); the classification's extra forwards run between generations, in no clock.
-    Methods are interleaved per prompt so slow drifts of the machine hit all of them alike.
+                progress: bool = True, between=None) -> tuple[dict[str, MethodRuns], list[tuple]]:
+    """The per-prompt timing above (Spec-Bench): run_calls with one call per prompt at batch 1, seed
+    seed + 1000 r + i for prompt i. methods: name -> controller (None = AR). Returns (runs per method,
+    lossless verdicts: one (name, run, prompt_index, LosslessVerdict) per non-AR generation at T = 0).
     between(run, prompt_index): called after every method has decoded that prompt (validate's
     interleaved profile rounds); its time is in no generation's clock."""
-    warm = prompts[0]
-    for _ in range(warmup):
-        for ctrl in methods.values():
-            (engine.generate_ar(warm, 16, temperature, seed) if ctrl is None
-             else engine.generate(warm, 16, temperature, seed, controller=ctrl))
-    out = {name: MethodRuns(name) for name in methods}
-    verdicts = []
-    total = runs * len(prompts) * len(methods)
-    bar = tqdm(total=total, desc="validate", unit="gen", disable=not progress)
-    for r in range(runs):
-        for m in out.values():
-            m.results.append([])
-        for i, ids in enumerate(prompts):
-            ar_ids = None
-            for name, ctrl in methods.items():
-                s = seed + 1000 * r + i
-                res = (engine.generate_ar(ids, max_new_tokens, temperature, s) if ctrl is None
-                       else engine.generate(ids, max_new_tokens, temperature, s, controller=ctrl))
-                out[name].results[r].append(res)
-                if ctrl is None:
-                    ar_ids = res.output_ids
-                elif temperature <= 0 and ar_ids is not None:
-                    verdicts.append((name, r, i, classify(engine.model, ids, ar_ids, res.output_ids)))
-                bar.update(1)
-            if between is not None:
-                between(r, i)
-    bar.close()
-    return out, verdicts
+    calls = lambda r: [Call(1, [i], [seed + 1000 * r + i]) for i in range(len(prompts))]
+    factories = {name: None if ctrl is None else (lambda c=ctrl: c) for name, ctrl in methods.items()}
+    results, verdicts = run_calls(engine, prompts, factories, calls, max_new_tokens, temperature, runs, progress,
+                                  after=between)
+    out = {name: MethodRuns(name, [[GenerationResult.of_row(results[(r, i, name)])
+                                    for i in range(len(prompts))] for r in range(runs)]) for name in methods}
+    return out, [(name, r, i, v) for name, r, _, _, i, v in verdicts if methods[name] is not None]
 
 
 def summarize(runs: dict[str, MethodRuns], idx: list[int] | None = None, baselines=("ar",)) -> dict:

@@ -73,8 +73,7 @@ class ValidateConfig:
     profile_first: bool = False          # profile this device in situ right before decoding (see profile_first)
     profile_verify_sizes: tuple = (1, 2, 4, 8, 16, 32, 60, 100, 240)
     profile_contexts: tuple = (32, 128, 512)
-    profile_repeats: int = 8             # at least this many cycles per (V, context)
-    profile_cycle_tokens: int = 16
+    profile_repeats: int = 8             # timed rounds per context's generation (pipeline/profiling/steps.py)
     profile_interleave: int = 0          # further profile rounds spread between the generations (implies profile_first)
     batch_sizes: tuple = ()              # () = the batch-1 validation above; (1, 4, 16): every method at each B
                                          # with the batched engine (online/validate_batch.py)
@@ -112,14 +111,15 @@ class SimSide:
 class InterleavedProfile:
     """--profile-interleave: `rounds` further profile rounds spread over the decoding. Called after each
     generation slot (a prompt decoded by every method: run_methods' `between` hook): after slot j of n
-    the sampler has run base + ceil(total * j / n) trees, so its samples cover the same stretch of time
-    as the decoding."""
+    the sampler has run base + ceil(total * j / n) jobs (a job: one context's generation,
+    pipeline/profiling/profile.py ProfileSampler), so its samples cover the same stretch of time as
+    the decoding."""
 
     def __init__(self, sampler, rounds: int, slots: int):
         self.sampler = sampler
         self.slots = slots                       # n = datasets x runs x prompts per dataset
-        self.total = rounds * len(sampler.jobs)  # trees to run over the decoding
-        self.base = sampler.done                 # trees run before it (the --profile-first round)
+        self.total = rounds * len(sampler.jobs)  # jobs to run over the decoding
+        self.base = sampler.done                 # jobs run before it (the --profile-first round)
         self.slots_done = 0
 
     def __call__(self, *_) -> None:
@@ -129,7 +129,7 @@ class InterleavedProfile:
             self.sampler.step(want - self.sampler.done)
 
     def finish(self) -> None:
-        """Run the trees the decoding left (fewer slots than planned: datasets shorter than n_prompts)."""
+        """Run the jobs the decoding left (fewer slots than planned: datasets shorter than n_prompts)."""
         if self.sampler.done - self.base < self.total:
             self.sampler.step(self.base + self.total - self.sampler.done)
 
@@ -301,7 +301,7 @@ def validate_dataset(cfg: ValidateConfig, ds: str, recs, engine, tokenizer, sim:
         methods["grid-best"] = StaticController(*sim.grid_best(ds))
     for spec, label in zip(cfg.policies, labels):
         methods[label] = make_controller(spec, logs=sim and sim.logs, latency=sim and sim.lat)
-    runs, verdicts = run_methods(engine, prompts, methods, cfg.max_new_tokens, cfg.temperature, cfg.runs,
+    runs, verdicts = run_methods(engine.batched, prompts, methods, cfg.max_new_tokens, cfg.temperature, cfg.runs,
                                  cfg.seed, progress=progress, between=interleave)
     rows = [row for name, m in runs.items() if name != "ar" for r, run in enumerate(m.results)
             for rec, res in zip(recs, run) for row in cycle_rows(run_id, name, rec.prompt_id, r, res, dev)]
@@ -346,7 +346,7 @@ def pool_interleaved_profile(cfg: ValidateConfig, sim: SimSide, interleave: Inte
     sim.local = {ds: (sim.clock.scaled(sf[0]), sf) for ds in cfg.datasets
                  if (sf := sampler.speed_factor(ds)) is not None}
     report["profile_interleave"] = {"profile_id": info["profile_id"], "rounds": info["rounds"],
-                                    "trees": info["trees"], "final_s": time.perf_counter() - t0}
+                                    "jobs": info["jobs"], "final_s": time.perf_counter() - t0}
     report["latency_profile"] = {"root": cfg.out, "profile_id": info["profile_id"]}
 
 
@@ -357,14 +357,13 @@ def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: b
     state mis-predicts every method by that ratio (BENCHMARKS.md, E2). Returns (info, the sampler,
     whose further rounds `--profile-interleave` spreads over the decoding)."""
     from online.policy_cost import profile_policies
-    from pipeline.profiling.profile import InSituSampler
+    from pipeline.profiling.profile import ProfileSampler
     from simulator.policies.checkpoint import load_checkpoint
     from simulator.policy_specs import CHECKPOINT, parse_spec
 
     t0 = time.perf_counter()
-    sampler = InSituSampler(engine, tokenizer, cfg.model, verify_sizes=cfg.profile_verify_sizes,
-                            contexts=cfg.profile_contexts, repeats=cfg.profile_repeats,
-                            cycle_tokens=cfg.profile_cycle_tokens)
+    sampler = ProfileSampler(engine, tokenizer, cfg.model, verify_sizes=cfg.profile_verify_sizes,
+                             contexts=cfg.profile_contexts, repeats=cfg.profile_repeats)
     sampler.run_round(progress)
     info = sampler.write(str(out))
     ckpts = [(spec, load_checkpoint(spec)) for spec in cfg.policies if parse_spec(spec)[0] == CHECKPOINT]

@@ -45,7 +45,7 @@ import numpy as np
 
 from online.validate import ValidateConfig, check_config, load_prompt_sets, print_report
 from online.validate_batch_report import write_batch_markdown
-from pipeline.decode.lossless import classify, summarize_verdicts
+from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
 from pipeline.logs.schema import write_batch_steps
 from pipeline.runtime.atomic import atomic_write_json
@@ -62,6 +62,10 @@ class Method:
     name: str
     shape: tuple | None = None          # canonical (D, W, V); None for the schedule
     schedule: object = None             # simulator.serving.schedule.Schedule
+
+    def factory(self):
+        """The method's controller factory for online/speedbench.py run_calls (None: AR)."""
+        return None if self.name == AR else self.controller
 
     def controller(self):
         from pipeline.decode.controller import ScheduleController, StaticController, StepShape
@@ -174,47 +178,35 @@ class Cell:
     verdicts: list = field(default_factory=list)        # (run, request, LosslessVerdict)
 
 
-def run_dataset(cfg: ValidateConfig, recs, prompts: list[list[int]], engine, ref_engine, methods: list[Method],
+def run_dataset(cfg: ValidateConfig, recs, prompts: list[list[int]], engine, methods: list[Method],
                 run_id: str, dev: str, progress: bool, between=None) -> tuple[dict, dict]:
-    """Every method at every B, cfg.runs times, run r starting at method r mod M (so no method always
-    decodes first or last); the step table written per B. between(B), when given, runs before every
-    method's generation (--profile-interleave's slices). Returns
+    """Every method at every B, cfg.runs times, on the one driver (online/speedbench.py run_calls: run
+    r starts at method r mod M, so no method always decodes first or last; each row classified
+    against its prompt's batch-1 AR output); the step table written per B. between(B), when given,
+    runs before every method's generation (--profile-interleave's slices). Returns
     ({B: {method: Cell}}, {B: the step table's path})."""
-    from tqdm import tqdm
+    from online.speedbench import Call, run_calls
 
     n = len(prompts)
-    T = cfg.temperature
-    refs = [ref_engine.generate_ar(p, cfg.max_new_tokens).output_ids for p in prompts] if T <= 0 else None
-    for m in methods:                                            # warm-up, untimed
-        _generate(engine, m, prompts[:2], 8, T, cfg.seed, 2)
+
+    def calls(r: int) -> list[Call]:                             # one call per B: the prompts cycled to Q_B
+        return [Call(B, [k % n for k in range(queue_length(n, B))],
+                     [cfg.seed + 1000 * r + k for k in range(queue_length(n, B))]) for B in cfg.batch_sizes]
+
+    results, verdicts = run_calls(engine, prompts, {m.name: m.factory() for m in methods}, calls, cfg.max_new_tokens,
+                                  cfg.temperature, cfg.runs, progress,
+                                  before=None if between is None else (lambda call: between(call.batch)))
     cells = {B: {m.name: Cell() for m in methods} for B in cfg.batch_sizes}
     rows = {B: [] for B in cfg.batch_sizes}
-    bar = tqdm(total=cfg.runs * len(cfg.batch_sizes) * len(methods), desc="validate", unit="gen", disable=not progress)
-    for r in range(cfg.runs):
-        for B in cfg.batch_sizes:
-            req = [k % n for k in range(queue_length(n, B))]     # the queue: the prompts cycled
-            seeds = [cfg.seed + 1000 * r + k for k in range(len(req))]
-            for m in methods[r % len(methods):] + methods[:r % len(methods)]:
-                if between is not None:
-                    between(B)
-                res = _generate(engine, m, [prompts[i] for i in req], cfg.max_new_tokens, T, seeds, B)
-                cell = cells[B][m.name]
-                cell.figures.append(generation_figures(res))
-                if refs is not None:
-                    cell.verdicts += [(r, k, classify(engine.model, prompts[i], refs[i], row.output_ids))
-                                      for k, (i, row) in enumerate(zip(req, res))]
-                rows[B] += step_table_rows(res, m.name, r, [recs[i].prompt_id for i in req], dev)
-                bar.update(1)
-    bar.close()
-    paths = {B: str(write_batch_steps(cfg.out, cfg.model, recs[0].dataset, T, f"{run_id}-B{B}", rows[B]))
+    for (r, k, name), res in results.items():
+        B = cfg.batch_sizes[k]
+        cells[B][name].figures.append(generation_figures(res))
+        rows[B] += step_table_rows(res, name, r, [recs[i].prompt_id for i in calls(r)[k].requests], dev)
+    for name, r, k, j, _, v in verdicts:
+        cells[cfg.batch_sizes[k]][name].verdicts.append((r, j, v))
+    paths = {B: str(write_batch_steps(cfg.out, cfg.model, recs[0].dataset, cfg.temperature, f"{run_id}-B{B}", rows[B]))
              for B in cfg.batch_sizes if rows[B]}
     return cells, paths
-
-
-def _generate(engine, m: Method, prompts, max_new, T, seeds, B):
-    if m.name == AR:
-        return engine.generate_ar(prompts, max_new, T, seeds, batch_size=B)
-    return engine.generate(prompts, max_new, T, seeds, batch_size=B, controller=m.controller())
 
 
 def summarize_cells(cells: dict, methods: list[Method], recs) -> dict:
@@ -342,7 +334,6 @@ def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
     """Every method at every B on every dataset's prompts; report.json, report.md, the PNG and the
     step tables go to cfg.out, and the report is returned."""
     from pipeline.decode.batch_engine import BatchEngine
-    from pipeline.decode.engine import Engine
     from pipeline.decode.head import load_head_for
     from pipeline.decode.target import encode_prompt, load_target, resolve_dtype_name
     from pipeline.runtime.fingerprint import device_name, environment_fingerprint
@@ -354,7 +345,6 @@ def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
     target = load_target(cfg.model, device=cfg.device, dtype=dtype)
     head = load_head_for(cfg.head, target.model, cfg.seed)
     engine = BatchEngine(target.model, head, target.eos_token_ids)
-    ref_engine = Engine(target.model, None, target.eos_token_ids)        # the batch-1 AR references
     dev = device_name(target.device, dtype)
     logs, lat, replay_note = load_replay(cfg, dev, dtype, [r.prompt_id for recs in prompt_sets.values() for r in recs])
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -367,7 +357,7 @@ def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
     slices = interleave_slices(cfg, methods, engine, target.tokenizer, encoded) if logs is not None else None
     for ds in cfg.datasets:
         recs, prompts = prompt_sets[ds], encoded[ds]
-        cells, paths = run_dataset(cfg, recs, prompts, engine, ref_engine, methods, run_id, dev, progress, between=slices)
+        cells, paths = run_dataset(cfg, recs, prompts, engine, methods, run_id, dev, progress, between=slices)
         by_batch = summarize_cells(cells, methods, recs)
         counts = summarize_verdicts([v for c in cells.values() for cell in c.values() for *_, v in cell.verdicts])
         report["datasets"][ds] = {

@@ -44,8 +44,9 @@ from pathlib import Path
 import numpy as np
 
 from online.chooser_adapter import ChooserController
+from online.speedbench import Call, run_calls
 from online.validate import ValidateConfig, check_config, load_prompt_sets
-from pipeline.decode.lossless import classify, summarize_verdicts
+from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
 from pipeline.runtime.atomic import atomic_write_json, atomic_write_text
 from simulator.serving import metrics as M
@@ -140,30 +141,12 @@ def device_result(res, name: str) -> ServingResult:
         step_drafted=a(lambda s: s.batch_size * (s.verify_size - 1), np.int64), step_queued=a(lambda s: s.queued, np.int64))
 
 
-def run_device(engine, chooser, prompts, max_new, arrivals, max_batch, seeds, T, latency=None):
-    """One served trace on the device: (ServingResult, extra figures). latency: what a chooser that
-    prices its candidates reads (the replay's profile)."""
-    if chooser.shapes() == [S.OFF]:
-        res = engine.generate_ar(prompts, max_new, T, seeds, batch_size=max_batch, arrivals=arrivals)
-    else:
-        res = engine.generate(prompts, max_new, T, seeds, batch_size=max_batch, arrivals=arrivals,
-                              controller=ChooserController(chooser, max_new, latency))
+def device_figures(res, name: str) -> dict:
+    """One served trace's figures: the replay's (M.summarize of device_result) and the device's own:
+    its wall rate, prefill share and the idle waits its clock skipped."""
     wall = res.wall_s                          # the call's wall, idle waits skipped
-    extra = {"wall_tokens_per_s": res.new_tokens / wall if wall > 0 else 0.0,
-             "prefill_share": res.prefill_s / wall if wall > 0 else 0.0, "idle_skipped_s": res.idle_s}
-    return device_result(res, chooser.name), extra, res
-
-
-def reference_outputs(engine, prompts, max_new) -> list[list[int]]:
-    """Each distinct request's batch-1 AR output (T = 0): what every method's rows are checked against."""
-    from pipeline.decode.engine import Engine
-
-    ref = Engine(engine.model, None, engine.eos)
-    memo = {}
-    for p, m in zip(prompts, max_new):
-        if (tuple(p), m) not in memo:
-            memo[tuple(p), m] = ref.generate_ar(p, m).output_ids
-    return [memo[tuple(p), m] for p, m in zip(prompts, max_new)]
+    return {**M.summarize(device_result(res, name)), "wall_tokens_per_s": res.new_tokens / wall if wall > 0 else 0.0,
+            "prefill_share": res.prefill_s / wall if wall > 0 else 0.0, "idle_skipped_s": res.idle_s}
 
 
 # ---------------------------------------------------------------------------------- the replay
@@ -215,8 +198,6 @@ def _mean_std(xs):
 
 
 def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
-    from tqdm import tqdm
-
     from online.validate_batch import load_replay
     from pipeline.decode.batch_engine import BatchEngine
     from pipeline.decode.head import load_head_for
@@ -247,23 +228,16 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
         methods.insert(next(i for i, m in enumerate(methods) if isinstance(m, SGLangAdaptive)) + 1, SGLangThroughput())
     tok = [encode_prompt(target.tokenizer, list(r.messages)) for r in recs]
     prompts = [tok[i] for i in idx]
-    refs = reference_outputs(engine, prompts, max_new) if cfg.temperature <= 0 else None
-    for m in methods:                                                   # warm-up, untimed
-        run_device(engine, m, prompts[:2], [4, 4], [0.0, 0.0], 2, 0, cfg.temperature, lat)
-    device = {m.name: [] for m in methods}
-    verdicts = {m.name: [] for m in methods}
-    bar = tqdm(total=cfg.runs * len(methods), desc="validate --load-trace", unit="trace", disable=not progress)
-    for r in range(cfg.runs):
-        seeds = [cfg.seed + 1000 * r + k for k in range(len(prompts))]
-        for m in methods:
-            served, extra, res = run_device(engine, m, prompts, max_new, arrivals, cfg.max_batch, seeds, cfg.temperature,
-                                            lat)
-            device[m.name].append({**M.summarize(served), **extra})
-            if refs is not None:
-                verdicts[m.name] += [classify(engine.model, p, ref, row.output_ids)
-                                     for p, ref, row in zip(prompts, refs, res)]
-            bar.update(1)
-    bar.close()
+    # the one driver (online/speedbench.py run_calls): one call per run, the trace's requests with their
+    # arrivals, each row checked against its request's batch-1 AR output (T = 0)
+    calls = lambda r: [Call(cfg.max_batch, list(range(len(prompts))), [cfg.seed + 1000 * r + k for k in range(len(prompts))],
+                            arrivals=[float(a) for a in arrivals], max_new=max_new)]
+    factories = {m.name: None if m.shapes() == [S.OFF] else (lambda m=m: ChooserController(m, max_new, lat))
+                 for m in methods}
+    results, verdicts = run_calls(engine, prompts, factories, calls, cfg.max_new_tokens, cfg.temperature, cfg.runs,
+                                  progress)
+    device = {m.name: [device_figures(results[(r, 0, m.name)], m.name) for r in range(cfg.runs)] for m in methods}
+    checked = cfg.temperature <= 0              # lossless checked (T = 0)
     rows = []
     for m in methods:
         row = {"name": m.name}
@@ -273,8 +247,8 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
             else:
                 vals = [d[k] for d in device[m.name]]
             row[k], row[k + "_std"] = _mean_std(vals)
-        if refs is not None:
-            row["lossless"] = summarize_verdicts(verdicts[m.name])["counts"]
+        if checked:
+            row["lossless"] = summarize_verdicts([v for name, *_, v in verdicts if name == m.name])["counts"]
         rows.append(row)
     if logs is not None:
         replay_side(logs, lat, methods, arrivals, cfg.max_batch, seq, rows)

@@ -242,12 +242,12 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify-sizes", default="1,2,4,8,16,32,60,100,160,240",
                    help="comma-separated V values to time verification at")
     p.add_argument("--contexts", default="32,128,512", help="comma-separated context lengths")
-    p.add_argument("--repeats", type=int, default=5, help="at least this many cycles (in situ) or timed calls (isolated)")
-    p.add_argument("--cycle-tokens", type=int, default=24, help="in situ: new tokens per profiling generation")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed rounds of the shapes per (batch size, context) generation (and timed calls, --isolated)")
     p.add_argument("--isolated", action="store_true",
                    help="also time the bare ops in a tight loop (ops verify_isolated / draft_isolated)")
     p.add_argument("--batch-sizes", default="1",
-                   help="comma-separated batch sizes B: draft_step, verify and policy rows at each B > 1 too "
+                   help="comma-separated batch sizes B: draft_step, verify, overhead and policy rows at each B "
                         "(batch 1 is always profiled), e.g. 1,2,4,8,16")
     p.add_argument("--prefill-lengths", default="64,256,1024",
                    help="comma-separated prompt lengths n to time one request's prefill at (the load replay "

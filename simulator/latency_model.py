@@ -250,7 +250,7 @@ class LatencyModel:
         measured per checkpoint and are ~1 % of a cycle. Used for drift: on a shared VM the whole
         machine's speed moves by 10-30 % within minutes while the shape of the surfaces holds, so
         `draftgym validate --profile-interleave` rescales the pooled profile by the speed its own
-        samples saw during each dataset's decoding (pipeline.profiling.profile.InSituSampler.speed_factor)."""
+        samples saw during each dataset's decoding (pipeline.profiling.profile.ProfileSampler.speed_factor)."""
         sc = lambda surf: surf.scaled(factor)
         return LatencyModel(sc(self.draft), sc(self.verify), sc(self.overhead), self.policy_s, self.policy_spread,
                             {**self.meta, "speed_factor": float(factor)}, dict(self.policy_costs),

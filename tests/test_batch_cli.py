@@ -37,7 +37,7 @@ def test_generate_batch_equals_batch1(tmp_path, tiny_model_dir, prompts_file, ca
     assert [r["index"] for r in rows] == list(range(len(texts)))
     assert [r["prompt_id"] for r in rows] == [f"prompts/{i}" for i, p in enumerate(PROMPTS) if p]
     summary = json.loads(err.strip().splitlines()[-1])
-    want_shape = {"chain2": "chain2", "tree": "tree(3,4,10)", "ar": "off"}[
+    want_shape = {"chain2": "chain:2", "tree": "tree:3,4,10", "ar": "off"}[
         "ar" if "ar" in shape else "chain2" if "--chain" in shape else "tree"]
     assert summary["batch_size"] == 2 and summary["shape"] == want_shape and summary["prompts"] == len(texts)
     assert summary["new_tokens"] == sum(r["new_tokens"] for r in rows) and summary["tokens_per_s"] > 0

@@ -105,7 +105,7 @@ def test_ar_at_batch_b_is_the_off_step(tiny):
 
 def test_max_steps_stops_the_call_on_the_full_run_s_prefix(tiny):
     """max_steps = k: exactly k steps, each row's tokens a prefix of the unbounded run's, rows cut
-    there keep stop_reason '' (the profile's timed steps, pipeline/profiling/batched.py)."""
+    there keep stop_reason '' (the profile's timed steps, pipeline/profiling/steps.py)."""
     eng, beng, prompts, ar = tiny
     ctrl = lambda: ScriptedController(MIXED)
     full = beng.generate(prompts, 20, batch_size=4, controller=ctrl())
@@ -252,13 +252,13 @@ def test_controller_sees_the_batch_and_the_step_log(tiny):
         assert ctx.batch_size == s.batch_size == len(ctx.rows) == len(ctx.context_lens) == ctx.confidence.shape[0]
         assert ctx.context_lens == s.context_lens and ctx.rows == s.rows and ctx.queued == s.queued
         assert bool((ctx.confidence <= 0).all() and (ctx.confidence >= -math.log(6) - 1e-5).all())   # top of 6
-    assert {s.shape.label() for s in res.steps} == {"off", "chain2"}
+    assert {s.shape.label() for s in res.steps} == {"off", "chain:2"}
     last = rec.contexts[-1]
     assert all(h == [c.accepted for c in res[i].cycles][: len(h)] for i, h in zip(last.rows, last.history))
     assert all(s.t_verify > 0 and s.t_draft > 0 and s.t_step >= s.t_draft + s.t_verify + s.t_controller
                for s in res.steps)
     table = res.step_rows()
-    assert table[0]["shape"] in ("off", "chain2") and table[0]["accepted_sum"] == sum(table[0]["accepted"])
+    assert table[0]["shape"] in ("off", "chain:2") and table[0]["accepted_sum"] == sum(table[0]["accepted"])
 
     sched = ScheduleController([(1, 2, StepShape.off()), (3, 5, StepShape.chain(3)),
                                      (6, None, StepShape(4, 3, 10))])
@@ -266,8 +266,8 @@ def test_controller_sees_the_batch_and_the_step_log(tiny):
     res = beng.generate(prompts, max_new, batch_size=7, controller=sched)
     assert [r.output_ids for r in res] == [a.output_ids[:m] for a, m in zip(ar, max_new)]
     for s in res.steps:
-        assert s.shape.label() == ("off" if s.batch_size <= 2 else "chain3" if s.batch_size <= 5 else "tree(4,3,10)")
-    assert {s.shape.label() for s in res.steps} == {"off", "chain3", "tree(4,3,10)"}
+        assert s.shape.label() == ("off" if s.batch_size <= 2 else "chain:3" if s.batch_size <= 5 else "tree:4,3,10")
+    assert {s.shape.label() for s in res.steps} == {"off", "chain:3", "tree:4,3,10"}
 
 
 def test_bad_inputs(tiny):

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from online.cli import main as cli
-from pipeline.profiling.batched import suspect_keys
+from pipeline.profiling.steps import suspect_keys
 from pipeline.profiling.trust import suspect_cells
 from simulator.latency_model import LatencyModel
 from simulator.logs.synthetic import SyntheticConfig, latency_rows, write_synthetic_logs
@@ -77,24 +77,27 @@ def test_tune_names_the_cell_and_tunes_as_on_the_clean_profile(tmp_path, capsys)
 
 
 def test_profile_remeasures_suspect_cells_once(monkeypatch):
-    """InSituSampler.remeasure drops a suspect cell's samples and runs its trees again; the batched
-    profile's suspect_keys picks the cells of a (B, c) to take from a second generation."""
-    from pipeline.profiling.profile import InSituSampler
+    """ProfileSampler.remeasure runs each (B, c) job holding a suspect cell (a wild spread or out of
+    order) once more, and only the suspect cells take the second generation's samples; suspect_keys
+    picks them."""
+    from pipeline.profiling.profile import ProfileSampler
 
-    s = object.__new__(InSituSampler)
-    s.jobs = [(10, V, 128, True) for V in (1, 2, 4, 8)] + [(16, 17, 128, False)]
-    s.verify = {(1, 128): [0.040] * 5, (2, 128): [0.041] * 5, (4, 128): [0.04, 0.04, 0.7, 0.7, 0.7],
-                (8, 128): [0.043] * 5}
-    s.drafts = {(10, 128): [0.003] * 20, (16, 128): [0.004] * 5}
+    s = object.__new__(ProfileSampler)
+    s.jobs = [(1, 128), (4, 128)]
+    v = lambda V, ts, B=1: (("verify", 0, V, 128, B), ts)
+    s.samples = dict([v(1, [0.040] * 5), v(2, [0.041] * 5), v(4, [0.04, 0.04, 0.7, 0.7, 0.7]), v(8, [0.043] * 5),
+                      (("draft_step", 10, 0, 128, 1), [0.003] * 20), v(1, [0.05] * 5, 4), v(4, [0.06] * 5, 4)])
     ran = []
 
-    def run(job):
+    def sample(job):
         ran.append(job)
-        if job[3]:
-            s.verify.setdefault((job[1], 128), []).extend([0.042] * 5)
-    monkeypatch.setattr(s, "_run", run, raising=False)
-    assert s.remeasure() == 1 and ran == [(10, 4, 128, True)]
-    assert s.verify[(4, 128)] == [0.042] * 5 and suspect_cells(s.cells()) == []
+        return {k: [0.042 if k[0] == "verify" else 0.001] * 5 for k in s.samples if (k[4], k[3]) == job}
+    monkeypatch.setattr(s, "_sample", sample, raising=False)
+    assert s.remeasure() == 1 and ran == [(1, 128)]
+    assert s.samples[("verify", 0, 4, 128, 1)] == [0.042] * 5            # the suspect cell: the new samples
+    assert s.samples[("verify", 0, 2, 128, 1)] == [0.041] * 5            # the others of its job: kept
+    assert s.samples[("draft_step", 10, 0, 128, 1)] == [0.003] * 20
+    assert suspect_keys(s.samples) == []
     assert s.remeasure() == 0 and len(ran) == 1                   # nothing suspect: nothing runs
     samples = {("verify", 0, V, 128, 4): [t] * 4 for V, t in ((1, 0.05), (2, 0.09), (4, 0.06))}
     samples[("draft_step", 10, 0, 128, 4)] = [0.003, 0.003, 0.02, 0.02]

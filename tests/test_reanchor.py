@@ -46,7 +46,7 @@ def diverged(tmp_path_factory):
     prompts = [torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(s)).tolist() for s in range(3)]
     recs = [PromptRecord(f"tiny/p{s}", "tiny", ({"role": "user", "content": f"p{s}"},), None) for s in range(3)]
     methods = {"ar": None, "static": StaticController(*EAGLE3_DEFAULT_SHAPE), "grid-best": StaticController(4, 10, 10)}
-    runs, verdicts = run_methods(eng, prompts, methods, T, runs=1, progress=False)
+    runs, verdicts = run_methods(eng.batched, prompts, methods, T, runs=1, progress=False)
     assert all(v.status == "exact" for *_, v in verdicts)          # fp32: every method decodes AR's text
     # the "logged" texts: AR's with token K changed, then greedy from there (what a bf16 collection
     # that broke a near-tie the other way would hold)

@@ -26,6 +26,7 @@ calls of a step together as t_controller.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipeline.decode.tree import DraftPool, DraftStep
 from pipeline.errors import DraftGymError
@@ -34,21 +35,35 @@ EAGLE3_DEFAULT_SHAPE = (8, 10, 60)     # EAGLE-3's from_pretrained (D, W, V): th
 DEFAULT_DEPTH, DEFAULT_WIDTH, DEFAULT_VERIFY_SIZE = EAGLE3_DEFAULT_SHAPE
 
 
-@dataclass(frozen=True)
-class StepShape:
-    """The shape of one step, at any batch size: D draft forwards over W beams, V tokens verified
+def pool_size(depth: int, width: int) -> int:
+    """W + (D - 1) W^2: the draft candidates a tree of D forwards over W beams makes (0 when off)."""
+    return 0 if depth == 0 else width + (depth - 1) * width * width
+
+
+class _DWV(NamedTuple):
+    depth: int
+    width: int
+    verify_size: int
+
+
+class StepShape(_DWV):
+    """The one shape type (issue N): the shape of one step at any batch size, and the (D, W, V) the
+    simulator, `tune`, schedules and reports speak. D draft forwards over W beams, V tokens verified
     per row (root included; D is the most forwards when a depth policy stops early). Off: D = 0,
-    V = 1. Chain: W = 1, V = D + 1. Otherwise an EAGLE-3 tree."""
+    V = 1. Chain: W = 1, V = D + 1. Otherwise an EAGLE-3 tree. A tuple, so (8, 10, 60) == the
+    default tree, it keys dicts and goes to JSON as [D, W, V].
 
-    depth: int = DEFAULT_DEPTH
-    width: int = DEFAULT_WIDTH
-    verify_size: int = DEFAULT_VERIFY_SIZE
+    Spelling (label / simulator.serving.shapes.parse): "off", "chain:K", "tree:D,W,V"."""
 
-    def __post_init__(self):
-        if int(self.depth) < 0 or int(self.width) < 1 or int(self.verify_size) < 1:
-            raise ValueError(f"a step shape needs depth >= 0, width >= 1, verify_size >= 1, got {self}")
-        if int(self.depth) == 0 and int(self.verify_size) != 1:
-            raise ValueError(f"a step with no draft (depth 0) verifies the root only (verify_size 1), got {self}")
+    __slots__ = ()
+
+    def __new__(cls, depth: int = DEFAULT_DEPTH, width: int = DEFAULT_WIDTH, verify_size: int = DEFAULT_VERIFY_SIZE):
+        d, w, v = int(depth), int(width), int(verify_size)
+        if d < 0 or w < 1 or v < 1:
+            raise ValueError(f"a step shape needs depth >= 0, width >= 1, verify_size >= 1, got ({d}, {w}, {v})")
+        if d == 0 and v != 1:
+            raise ValueError(f"a step with no draft (depth 0) verifies the root only (verify_size 1), got ({d}, {w}, {v})")
+        return super().__new__(cls, d, w, v)
 
     @classmethod
     def off(cls) -> "StepShape":
@@ -60,24 +75,31 @@ class StepShape:
 
     @classmethod
     def of(cls, shape) -> "StepShape":
-        """Any (depth, width, verify_size) object as a StepShape."""
-        return cls(shape.depth, shape.width, shape.verify_size)
+        """Any (depth, width, verify_size) object or 3-sequence as a StepShape."""
+        if hasattr(shape, "verify_size"):
+            return cls(shape.depth, shape.width, shape.verify_size)
+        return cls(*shape)
 
     @property
     def is_off(self) -> bool:
         return self.depth == 0
 
     @property
+    def effective(self) -> "StepShape":
+        """V clamped to 1 + the pool (what the engine verifies); off whatever W for D = 0."""
+        if self.is_off:
+            return StepShape.off()
+        return StepShape(self.depth, self.width, min(self.verify_size, 1 + pool_size(self.depth, self.width)))
+
+    @property
     def kind(self) -> str:
-        return "off" if self.is_off else ("chain" if self.width == 1 else "tree")
+        e = self.effective
+        return "off" if e.is_off else ("chain" if e.width == 1 and e.verify_size == e.depth + 1 else "tree")
 
     def label(self) -> str:
-        """'off', 'chain3' or 'tree(8,10,60)' (for step logs and reports)."""
-        if self.is_off:
-            return "off"
-        if self.width == 1 and self.verify_size == self.depth + 1:
-            return f"chain{self.depth}"
-        return f"tree({self.depth},{self.width},{self.verify_size})"
+        """'off', 'chain:3' or 'tree:8,10,60' (of the effective shape): logs, reports, the command line."""
+        e = self.effective
+        return {"off": "off", "chain": f"chain:{e.depth}"}.get(self.kind, f"tree:{e.depth},{e.width},{e.verify_size}")
 
 
 @dataclass

@@ -52,6 +52,15 @@ class GenerationResult:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
+    @classmethod
+    def of_row(cls, res, i: int = 0) -> GenerationResult:
+        """Row i of a batched call (BatchResult) as a GenerationResult, with the call's wall and
+        prefill times (at B = 1 with one prompt: the generation's own); an AR row has no cycles."""
+        row = res.rows[i]
+        cycles = row.cycles if res.method == "eagle3" else []
+        return cls(res.method, row.prompt_ids, row.output_ids, cycles, wall_s=res.wall_s, prefill_s=res.prefill_s,
+                   stop_reason=row.stop_reason)
+
     def summary(self) -> dict:
         return {"method": self.method, "new_tokens": self.new_tokens, "cycles": len(self.cycles),
                 "tau": self.tau, "tokens_per_s": self.tokens_per_s, "wall_s": self.wall_s,
@@ -94,18 +103,11 @@ class Engine:
                     seed: int = 0) -> GenerationResult:
         """Autoregressive decoding: every step off (one target forward per token, no head work), on
         the same engine, so speedups compare like with like."""
-        return _one_row(self.batched.generate_ar([list(prompt_ids)], max_new_tokens, temperature, seed, 1))
+        return GenerationResult.of_row(self.batched.generate_ar([list(prompt_ids)], max_new_tokens, temperature, seed, 1))
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
                  controller: Controller | None = None) -> GenerationResult:
         """EAGLE-3 under a controller (default: the static EAGLE-3 tree every cycle)."""
-        return _one_row(self.batched.generate([list(prompt_ids)], max_new_tokens, temperature, seed, 1,
-                                              controller or StaticController()))
+        return GenerationResult.of_row(self.batched.generate([list(prompt_ids)], max_new_tokens, temperature, seed,
+                                                             1, controller or StaticController()))
 
-
-def _one_row(res) -> GenerationResult:
-    """A B = 1 result as a GenerationResult (an AR call's row has no cycles)."""
-    row = res.rows[0]
-    cycles = row.cycles if res.method == "eagle3" else []
-    return GenerationResult(res.method, row.prompt_ids, row.output_ids, cycles, wall_s=res.wall_s,
-                            prefill_s=res.prefill_s, stop_reason=row.stop_reason)

@@ -1,27 +1,24 @@
 """`draftgym profile`: latency profile of this device for one target + head -> `latency` Parquet rows.
 
-Ops (docs/design.md, "The latency model"):
-  draft_step  one head forward over W beams, per (W, context_len)
-  verify      the verify phase over V tree tokens (target forward with hidden states, acceptance,
-              KV compaction, feature fusion), per (V, context_len); V = 1 is also the AR step
-  policy      one forward of a small MLP policy at batch 1 (LTD-sized); learned policies add their own
-              rows with `draftgym profile-policy`
-  overhead    per-cycle engine cost outside draft/verify/controller, from real static-default cycles
+Ops (docs/design.md, "The latency model"), each per batch size B (`--batch-sizes`, 1 always):
+  draft_step  one head forward over B rows x W beams, per (W, context_len, B)
+  verify      the verify phase over B x V tree tokens (target forward with hidden states, acceptance,
+              KV compaction, feature fusion), per (V, context_len, B); V = 1 is the AR step
+  overhead    the step's engine cost outside draft / verify / controller, per (context_len, B)
+  policy      one forward of a small MLP policy over B observations (LTD-sized); learned policies add
+              their own rows with `draftgym profile-policy`
   prefill     one request's prefill over n prompt tokens (context_len = n), batch 1 as the engines
               prefill a joining request; timed in a loop (timed_ops.prefill_op), per `--prefill-lengths`
-Every row has `batch` = 1 (one sequence decoding). `--batch-sizes 1,2,4,8,16` adds draft_step, verify,
-overhead and policy rows at each B > 1: the serving step's ops over B rows, sampled from the batched
-engine's own steps (pipeline.profiling.batched; batch 1 is always the in-situ profile below).
 
-Method (default, "in situ"): the engine decodes with static trees (D, W, V), D the smallest depth
-whose pool holds V - 1 nodes, from prompts of exactly `context_len` tokens, after one warm-up
-generation; every cycle's synchronised t_verify is one sample of verify(V, context_len) and
-t_draft / D one sample of draft_step(W, context_len) (context_len = the prompt length: the
-generation adds at most `--cycle-tokens` to it). Statistics: n, median, p10, p90, mean.
-Why in situ: on a CPU the same forward timed in a tight loop (`--isolated`, hot caches, no draft
-work in between) ran 13-15 % faster than inside real decoding, and the simulator then overrated
-every method by that much (BENCHMARKS.md, E). `--isolated` keeps the tight-loop micro-benchmarks
-(pipeline.profiling.timed_ops) as ops `verify_isolated` / `draft_isolated`, for comparison.
+Method: the one engine's own steps at every B (pipeline/profiling/steps.py: for each (B, c), B
+prompts of exactly c tokens prefilled once, then one generation playing the grid's static shapes
+round-robin, one warm-up round dropped and `--repeats` rounds kept; each step's t_verify, t_draft / D
+and the rest of t_step are one sample each). Batch 1 is B = 1 of the same path: the profile that
+`tune` reads at B = 64 and the one a batch-1 policy is trained on are measured alike. Statistics:
+n, median, p10, p90, mean. A cell that spreads wildly or breaks the order in V or B
+(pipeline/profiling/trust.py) is measured once more. `--isolated` adds the tight-loop
+micro-benchmarks (pipeline.profiling.timed_ops) as ops `verify_isolated` / `draft_isolated`, for
+comparison: on a CPU they ran 13-15 % faster than the same forward inside real decoding (BENCHMARKS.md, E).
 Profile alone: never while collection actors or other jobs share the device.
 """
 from __future__ import annotations
@@ -37,42 +34,14 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from pipeline.errors import DraftGymError
-from pipeline.profiling.batched import batched_rows
-from pipeline.profiling.trust import suspect_cells
-from pipeline.profiling.timed_ops import depth_for, draft_op, policy_op, prefill_op, stats_of, time_op, tree_pool, verify_op, verify_width
+from pipeline.profiling.steps import TOKENS_PER_STEP, grid_shapes, rows_of, step_samples, suspect_keys
+from pipeline.profiling.timed_ops import draft_op, policy_op, prefill_op, time_op, verify_op
 from pipeline.logs.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
 
 DEFAULT_VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 60, 100, 160, 240)
 DEFAULT_CONTEXTS = (32, 128, 512)
 DEFAULT_BATCH_SIZES = (1,)
 DEFAULT_PREFILL_LENGTHS = (64, 256, 1024)
-
-
-def measure_overhead(engine, ids: list[int], n_tokens: int = 48) -> list[float]:
-    """Per-cycle time not spent in draft, verify or controller, from a real static-default decode of `ids`."""
-    engine.generate(ids, 8)
-    res = engine.generate(ids, n_tokens)
-    return [max(0.0, c.t_overhead) for c in res.cycles]
-
-
-def in_situ_samples(engine, prompt: Callable[[int, int], list[int]], context_len: int, depth: int, width: int,
-                    verify_size: int, cycle_tokens: int, min_cycles: int = 8) -> list:
-    """CycleRecords of greedy static (D, W, V) decoding from prompts of exactly `context_len` tokens
-    (after a warm-up generation). A prompt whose greedy answer ends at once (EOS) gives no cycles, so
-    up to 8 prompt variants are tried until `min_cycles` cycles are in."""
-    from pipeline.decode.controller import StaticController
-
-    ctrl = StaticController(depth, width, verify_size)
-    cycles, warm = [], False
-    for variant in range(8):
-        ids = prompt(context_len, variant)
-        if not warm:
-            engine.generate(ids, 4, controller=ctrl)
-            warm = True
-        cycles += engine.generate(ids, cycle_tokens, controller=ctrl).cycles
-        if len(cycles) >= min_cycles:
-            break
-    return cycles
 
 
 PROFILE_REQUESTS = ("Explain how a hash map works, step by step, with a short Python example.",
@@ -98,8 +67,7 @@ def context_prompt(tokenizer, n: int, variant: int = 0) -> list[int]:
 def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                 contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, device: str | None = None,
                 dtype: str | None = None, progress: bool = True, isolated: bool = False,
-                cycle_tokens: int = 24, batch_sizes=DEFAULT_BATCH_SIZES,
-                prefill_lengths=DEFAULT_PREFILL_LENGTHS) -> dict:
+                batch_sizes=DEFAULT_BATCH_SIZES, prefill_lengths=DEFAULT_PREFILL_LENGTHS) -> dict:
     """Load the target and head, then `profile_engine`."""
     from pipeline.decode.engine import Engine
     from pipeline.decode.head import load_head_for
@@ -110,38 +78,30 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     engine = Engine(target.model, head, target.eos_token_ids)
     return profile_engine(engine, target.tokenizer, model, out, widths=widths, verify_sizes=verify_sizes,
                           contexts=contexts, repeats=repeats, warmup=warmup, progress=progress, isolated=isolated,
-                          cycle_tokens=cycle_tokens, batch_sizes=batch_sizes, prefill_lengths=prefill_lengths)
+                          batch_sizes=batch_sizes, prefill_lengths=prefill_lengths)
 
 
 def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                    contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, progress: bool = True,
-                   isolated: bool = False, cycle_tokens: int = 24, batch_sizes=DEFAULT_BATCH_SIZES,
+                   isolated: bool = False, batch_sizes=DEFAULT_BATCH_SIZES,
                    prefill_lengths=DEFAULT_PREFILL_LENGTHS, prompt: Callable[[int, int], list[int]] | None = None,
                    deadline: float | None = None) -> dict:
     """Profile a loaded engine (its target and head) into a new `latency` file under `out`: one
-    round of `InSituSampler` (plus the isolated ops if asked, and the batched ops at every batch
-    size B > 1 of `batch_sizes`, and the prefill at each of `prefill_lengths`; batch 1 is always profiled).
-    prompt(c, r) -> a prompt of exactly c tokens, variant r (default: `context_prompt` of the tokenizer;
-    a random-weight target without one passes its own). deadline (perf_counter s): batch sizes and
-    prefill lengths not started by then are left out (named in the result's `left_out`)."""
-    sampler = InSituSampler(engine, tokenizer, model, widths=widths, verify_sizes=verify_sizes, contexts=contexts,
-                            repeats=repeats, cycle_tokens=cycle_tokens, prompt=prompt)
+    round of `ProfileSampler` at every batch size of `batch_sizes` (1 always) and context, its suspect
+    cells re-measured once, plus the isolated ops if asked (batch 1, `warmup` untimed calls) and the
+    prefill at each of `prefill_lengths`. prompt(c, r) -> a prompt of exactly c tokens, variant r
+    (default: `context_prompt` of the tokenizer; a random-weight target without one passes its own).
+    deadline (perf_counter s): batch sizes and prefill lengths not started by then are left out
+    (named in the result's `left_out`)."""
+    sampler = ProfileSampler(engine, tokenizer, model, widths=widths, verify_sizes=verify_sizes, contexts=contexts,
+                             batch_sizes={1, *batch_sizes}, repeats=repeats, prompt=prompt)
     late = lambda: deadline is not None and time.perf_counter() > deadline
-    left_out = []
     if isolated:
         for op, W, V, c in tqdm(sampler.isolated_jobs(), desc="profile (isolated)", unit="op", disable=not progress):
             fn = draft_op(engine.head, W, c) if op == "draft_isolated" else verify_op(engine.model, V, c, head=engine.head)
             sampler.extra.append((op, time_op(fn, engine.device, warmup=warmup, repeats=repeats), W, V, c, 1))
-    sampler.run_round(progress)
+    left_out = sampler.run_round(progress, deadline)
     remeasured = sampler.remeasure()                                       # suspect cells (trust.py), once
-    for B in sorted({int(b) for b in batch_sizes} - {1}):                  # batch 1: the in-situ round above
-        if late():
-            left_out.append(f"batch {B}")
-            continue
-        rows, n = batched_rows(engine, B, widths, verify_sizes, sampler.contexts, sampler.prompt,
-                               repeats=repeats, progress=progress)
-        sampler.extra += rows
-        remeasured += n
     max_n = engine.model.config.max_position_embeddings - 1
     for n in tqdm(sorted({int(n) for n in prefill_lengths if int(n) <= max_n}), desc="profile (prefill)",
                   unit="length", disable=not progress):
@@ -155,41 +115,43 @@ def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify
     return res
 
 
-class InSituSampler:
-    """In-situ timing samples of a loaded engine, gathered in rounds over the (V, c) / (W, c) grid.
+class ProfileSampler:
+    """Step samples of a loaded engine (pipeline/profiling/steps.py) at every (B, c) of a grid, in rounds.
 
-    One round runs every tree of the grid once (`run_round`, or a few trees at a time with `step`);
-    samples of all rounds are pooled, and `write` turns them into one profile. Why rounds: on a shared
-    VM the cost of a multi-token forward drifts by up to 2x within minutes (BENCHMARKS.md E2), so
-    `draftgym validate --profile-interleave` spreads rounds between its generations, and the pooled
-    profile then samples the same machine states as the decoding it predicts."""
+    A job is one (B, c): one generation of B rows from c-token prompts playing the grid's shapes,
+    `warmup` rounds dropped and `repeats` kept. One round runs every job once (`run_round`, or a few
+    jobs at a time with `step`); samples of all rounds are pooled, and `rows` / `write` turn them into
+    one profile. Batch 1 is B = 1 of the same jobs. Why rounds: on a shared VM the cost of a
+    multi-token forward drifts by up to 2x within minutes (BENCHMARKS.md E2), so `draftgym validate
+    --profile-interleave` spreads rounds between its generations, and the pooled profile then samples
+    the same machine states as the decoding it predicts."""
 
     def __init__(self, engine, tokenizer, model: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
-                 contexts=DEFAULT_CONTEXTS, repeats: int = 5, cycle_tokens: int = 24,
+                 contexts=DEFAULT_CONTEXTS, batch_sizes=DEFAULT_BATCH_SIZES, repeats: int = 5, warmup: int = 1,
                  prompt: Callable[[int, int], list[int]] | None = None):
-        """prompt(c, r): a prompt of exactly c tokens, variant r (default `context_prompt` of the tokenizer)."""
-        from pipeline.decode.target import encode_prompt
+        """engine: an Engine or BatchEngine (its model and head; the sampler decodes with its own
+        BatchEngine without EOS, so the rows stay B). prompt(c, r): a prompt of exactly c tokens,
+        variant r (default `context_prompt` of the tokenizer)."""
+        from pipeline.decode.batch_engine import BatchEngine
 
+        if repeats < 1:
+            raise DraftGymError(f"profile: repeats must be >= 1, got {repeats}")
         self.engine, self.model = engine, model
+        self.eng = BatchEngine(engine.model, engine.head, eos_token_ids=set())
         self.prompt = prompt or (lambda c, r: context_prompt(tokenizer, c, r))
-        # the overhead's decode: one short request (a prompt of 24 tokens where no tokenizer is given)
-        self.overhead_ids = (encode_prompt(tokenizer, "Explain how a hash map works, step by step.")
-                             if tokenizer is not None else self.prompt(24, 0))
-        self.widths, self.verify_sizes, self.repeats, self.cycle_tokens = tuple(widths), tuple(verify_sizes), repeats, cycle_tokens
-        max_ctx = engine.model.config.max_position_embeddings - max(verify_sizes) - cycle_tokens - 1
+        self.widths, self.verify_sizes = tuple(widths), tuple(verify_sizes)
+        self.repeats, self.warmup = repeats, warmup
+        self.shapes = grid_shapes(self.widths, self.verify_sizes)
+        # a job's generation may emit up to TOKENS_PER_STEP a step: its prompts must leave room for it
+        max_ctx = engine.model.config.max_position_embeddings - (warmup + repeats) * len(self.shapes) * TOKENS_PER_STEP
         self.contexts = [c for c in contexts if c <= max_ctx]
         if not self.contexts:
-            raise DraftGymError(f"no profiling context length fits the target's {max_ctx} positions")
-        # in situ: real static-tree cycles. verify per (V, c) with the first width whose tree holds V
-        # nodes (timed_ops.verify_width); draft per (W, c),
-        # pooled over those trees (and, for further widths, over one 2-level tree each)
-        self.jobs = [(verify_width(V, self.widths), V, c, True) for c in self.contexts for V in self.verify_sizes] + \
-                    [(W, min(1 + W, max(self.verify_sizes)), c, False) for W in self.widths[1:] for c in self.contexts]
-        self.verify: dict[tuple[int, int], list[float]] = {}
-        self.drafts: dict[tuple[int, int], list[float]] = {}
-        self.overhead: list[float] = []
+            raise DraftGymError(f"no profiling context length fits the target's positions (at most {max_ctx} here)")
+        self.batch_sizes = tuple(sorted({int(b) for b in batch_sizes}))
+        self.jobs = [(B, c) for B in self.batch_sizes for c in self.contexts]
+        self.samples: dict[tuple, list[float]] = {}    # (op, W, V, c, B) -> seconds, every round pooled
         self.extra: list[tuple] = []          # (op, stats, W, V, c, batch) rows added as they are
-        self.done = 0                         # trees run, over all rounds
+        self.done = 0                         # jobs run, over all rounds
         self.rounds = 0
         # drift: the same samples again, grouped by the stretch of time they were taken in (the caller
         # names it, e.g. validate names each dataset's decoding); see speed_factor
@@ -200,90 +162,84 @@ class InSituSampler:
         return [("draft_isolated", W, 0, c) for W in self.widths for c in self.contexts] + \
                [("verify_isolated", 0, V, c) for V in self.verify_sizes for c in self.contexts]
 
+    def _sample(self, job) -> dict[tuple, list[float]]:
+        B, c = job
+        return step_samples(self.eng, B, self.shapes, c, self.prompt, self.repeats, self.warmup)
+
     def _run(self, job) -> None:
-        W, V, c, timed_verify = job
-        D = depth_for(V, W) if timed_verify else 2
-        cyc = in_situ_samples(self.engine, self.prompt, c, D, W, V, self.cycle_tokens, min_cycles=max(self.repeats, 8))
-        cyc = [x for x in cyc if x.verify_size == min(V, 1 + tree_pool(D, W))]
-        if not cyc:
-            raise DraftGymError(f"profile: no cycles of the static tree ({D}, {W}, {V}) at context {c}")
+        got = self._sample(job)
+        if not got:
+            raise DraftGymError(f"profile: no full steps at batch {job[0]}, context {job[1]}")
         seg = self.by_segment.setdefault(self.segment, {})
-        if timed_verify:
-            t_verify = [x.t_verify for x in cyc]
-            self.verify.setdefault((V, c), []).extend(t_verify)
-            seg.setdefault(("verify", V, c), []).extend(t_verify)
-        t_draft_step = [x.t_draft / x.depth for x in cyc]
-        self.drafts.setdefault((W, c), []).extend(t_draft_step)
-        seg.setdefault(("draft", W, c), []).extend(t_draft_step)
+        for key, ts in got.items():
+            self.samples.setdefault(key, []).extend(ts)
+            seg.setdefault(key, []).extend(ts)
         self.done += 1
 
-    def cells(self) -> list[dict]:
-        """The batch-1 verify and draft_step cells so far, as LATENCY-like rows (for trust.py)."""
-        return [{"op": "verify", "verify_size": V, "context_len": c, "batch": 1, **stats_of(ts)}
-                for (V, c), ts in self.verify.items()] + \
-               [{"op": "draft_step", "width": W, "context_len": c, "batch": 1, **stats_of(ts)}
-                for (W, c), ts in self.drafts.items()]
-
     def remeasure(self) -> int:
-        """Run again, once, the trees behind each suspect cell (pipeline/profiling/trust.py: a wild
-        spread or out of order), its old samples dropped. Returns the number of cells re-measured;
-        any still suspect are named by `tune` and `serve-eval`, which leave them out."""
-        sus = suspect_cells(self.cells())
-        for x in sus:
-            (self.verify if x.op == "verify" else self.drafts).pop((x.size, x.context), None)
-        redo = lambda j: any((j[3] and x.op == "verify" and (j[1], j[2]) == (x.size, x.context))
-                             or (x.op == "draft_step" and (j[0], j[2]) == (x.size, x.context)) for x in sus)
-        for job in [j for j in self.jobs if redo(j)]:
-            self._run(job)
-        return len(sus)
+        """Run each job with a suspect cell once more (pipeline/profiling/trust.py: a wild spread or out
+        of order in V or B); the suspect cells take the new samples. Returns the number of cells
+        re-measured; any still suspect are named by `tune` and `serve-eval`, which leave them out."""
+        bad = suspect_keys(self.samples)
+        for job in [j for j in self.jobs if any((k[4], k[3]) == j for k in bad)]:
+            again = self._sample(job)
+            for k in bad:
+                if (k[4], k[3]) == job and k in again:
+                    self.samples[k] = again[k]
+        return len(bad)
 
     def speed_factor(self, segment: str | None) -> tuple[float, int] | None:
         """How much slower (> 1) the machine ran during `segment` than over all samples pooled:
-        the median over the cells (verify (V, c) and draft (W, c)) that segment sampled of
-        mean(its samples) / mean(all samples of the cell). One number from many cells, so a noisy
-        cell moves it little. Returns (factor, cells), or None when the segment sampled nothing."""
+        the median over the cells that segment sampled of mean(its samples) / mean(all samples of
+        the cell). One number from many cells, so a noisy cell moves it little. Returns (factor,
+        cells), or None when the segment sampled nothing."""
         seg = self.by_segment.get(segment) or {}
-        ratios = []
-        for (op, a, c), ts in seg.items():
-            pooled = self.verify[(a, c)] if op == "verify" else self.drafts[(a, c)]
-            ratios.append(np.mean(ts) / np.mean(pooled))
+        ratios = [np.mean(ts) / np.mean(self.samples[key]) for key, ts in seg.items()]
         return (float(np.median(ratios)), len(ratios)) if ratios else None
 
-    def step(self, n_trees: int = 1) -> None:
-        """Run the next n trees of the grid (cycling through it); a round ends every len(jobs) trees.
-        Each round also samples the per-cycle overhead once (from a short static-default decode)."""
-        for _ in range(n_trees):
+    def step(self, n_jobs: int = 1) -> None:
+        """Run the next n jobs of the grid (cycling through it); a round ends every len(jobs) jobs."""
+        for _ in range(n_jobs):
             self._run(self.jobs[self.done % len(self.jobs)])
             if self.done % len(self.jobs) == 0:
                 self.rounds += 1
-                self.overhead += measure_overhead(self.engine, self.overhead_ids)
 
-    def run_round(self, progress: bool = True) -> None:
-        """Finish the current round (all of the grid when none is under way)."""
-        left = len(self.jobs) - self.done % len(self.jobs)
-        for _ in tqdm(range(left), desc="profile", unit="tree", disable=not progress):
+    def run_round(self, progress: bool = True, deadline: float | None = None) -> list[str]:
+        """Finish the current round (all of the grid when none is under way). deadline (perf_counter
+        s): a batch size none of whose jobs has started by then is skipped (the smallest never is);
+        returns those as ["batch B", ...]."""
+        left_out, started = [], set()
+        for _ in tqdm(range(len(self.jobs) - self.done % len(self.jobs)), desc="profile", unit="job",
+                      disable=not progress):
+            B = self.jobs[self.done % len(self.jobs)][0]
+            late = deadline is not None and time.perf_counter() > deadline
+            if B not in started and B != self.batch_sizes[0] and late:
+                if f"batch {B}" not in left_out:
+                    left_out.append(f"batch {B}")
+                self.done += 1                     # skipped, so the round still ends where it should
+                self.rounds += self.done % len(self.jobs) == 0
+                continue
+            started.add(B)
             self.step(1)
+        return left_out
+
+    def rows(self) -> list[tuple]:
+        """Latency rows (op, stats, W, V, c, B) of every sample so far, a policy row per batch size
+        sampled, and the rows added to `extra`."""
+        dev = self.engine.device
+        sampled = sorted({k[4] for k in self.samples})
+        pol = [("policy", time_op(policy_op(device=dev, batch=B), dev, warmup=5, repeats=50), 0, 0, 0, B)
+               for B in sampled]
+        return list(self.extra) + rows_of(self.samples) + pol
 
     def write(self, out: str) -> dict:
         """One profile (a new profile_id) of every sample so far -> `<out>/latency/...parquet`."""
-        dev = self.engine.device
         profile_id = new_profile_id()
-        rows = []
         row = row_maker(self.engine, self.model, profile_id)
-        add = lambda *a, **k: rows.append(row(*a, **k))
-        for op, stats, W, V, c, B in self.extra:
-            add(op, stats, width=W, verify_size=V, context_len=c, batch=B)
-        for (V, c), ts in self.verify.items():
-            add("verify", stats_of(ts), verify_size=V, context_len=c)
-        for (W, c), ts in self.drafts.items():
-            add("draft_step", stats_of(ts), width=W, context_len=c)
-        add("policy", time_op(policy_op(device=dev), dev, warmup=5, repeats=50))
-        if not self.overhead:
-            self.overhead = measure_overhead(self.engine, self.overhead_ids)
-        add("overhead", stats_of(self.overhead), width=10, verify_size=60)
+        rows = [row(op, stats, width=W, verify_size=V, context_len=c, batch=B) for op, stats, W, V, c, B in self.rows()]
         path = write_profile(rows, out, self.model, profile_id)
         return {"profile_id": profile_id, "device": rows[0]["device"], "dtype": rows[0]["dtype"], "rows": len(rows),
-                "path": str(path), "rounds": self.rounds, "trees": self.done}
+                "path": str(path), "rounds": self.rounds, "jobs": self.done}
 
 
 def new_profile_id() -> str:
@@ -332,8 +288,7 @@ class ProfileConfig:
     widths: tuple = (10,)                         # W values to time draft forwards at
     verify_sizes: tuple = DEFAULT_VERIFY_SIZES    # V values to time verification at
     contexts: tuple = DEFAULT_CONTEXTS            # context lengths
-    repeats: int = 5                              # at least this many cycles (in situ) or timed calls (isolated)
-    cycle_tokens: int = 24                        # in situ: new tokens per profiling generation
+    repeats: int = 5                              # timed rounds per (B, context) generation (and timed calls, isolated)
     isolated: bool = False                        # also time the bare ops in a tight loop (verify_isolated / draft_isolated)
     batch_sizes: tuple = DEFAULT_BATCH_SIZES      # batch sizes B of the draft_step / verify / policy rows (1 always)
     prefill_lengths: tuple = DEFAULT_PREFILL_LENGTHS  # prompt lengths n of the prefill rows (() = none)
@@ -350,7 +305,7 @@ def run_profile_command(cfg: ProfileConfig) -> int:
         resolve_head_dir(cfg.head)
     r = run_profile(cfg.model, cfg.head, cfg.out, widths=cfg.widths, verify_sizes=cfg.verify_sizes,
                     contexts=cfg.contexts, repeats=cfg.repeats, device=cfg.device, dtype=cfg.dtype,
-                    isolated=cfg.isolated, cycle_tokens=cfg.cycle_tokens, progress=cfg.progress,
+                    isolated=cfg.isolated, progress=cfg.progress,
                     batch_sizes=cfg.batch_sizes, prefill_lengths=cfg.prefill_lengths)
     print(json.dumps(r) if cfg.as_json else f"profiled {r['rows']} ops on {r['device']} -> {r['path']}"
           + (f" ({r['remeasured']} suspect cells re-measured)" if r["remeasured"] else ""))

@@ -11,7 +11,7 @@ row on its own prefix (a batch-B cache, a [B, 1, V, c + V] additive mask), then 
 acceptance, KV compaction and feature fusion a batched engine does. V = 1 is the AR step at B.
 Micro-benchmarks only (e.g. docs/adhoc/target_gqa_verify.py): every row keeps row 0's path, so they
 leave out the engine's per-row work; `draftgym profile --batch-sizes` times the batched engine's own
-steps instead (pipeline/profiling/batched.py).
+steps instead (pipeline/profiling/steps.py).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from pipeline.decode.controller import pool_size
 from pipeline.decode.draft import additive
 from pipeline.decode.head import Eagle3Head
 from pipeline.runtime.clock import DeviceClock
@@ -53,15 +54,10 @@ def stats_of(samples) -> dict:
             "p90": float(np.quantile(s, 0.9)), "mean": float(s.mean())}
 
 
-def tree_pool(D: int, W: int) -> int:
-    """Draft candidates of a D-level tree of width W: W at depth 1, then W^2 per further level."""
-    return W + (D - 1) * W * W
-
-
 def depth_for(V: int, W: int, max_depth: int = 12) -> int:
     """Smallest D whose pool (W + (D-1) W^2 candidates) fills a V-node tree (root + V - 1)."""
     D = 1
-    while D < max_depth and tree_pool(D, W) < V - 1:
+    while D < max_depth and pool_size(D, W) < V - 1:
         D += 1
     return D
 
@@ -71,7 +67,7 @@ def verify_width(V: int, widths, max_depth: int = 12) -> int:
     the width a V-token verify is timed at. A chain (W = 1) holds at most max_depth + 1 tokens, and
     the engine cuts V to what the pool holds, so timing V = 40 at W = 1 would time a 13-token verify."""
     for W in widths:
-        if tree_pool(depth_for(V, W, max_depth), W) >= V - 1:
+        if pool_size(depth_for(V, W, max_depth), W) >= V - 1:
             return W
     raise DraftGymError(f"a {V}-token verify needs a wider tree than widths {', '.join(map(str, widths))} "
                         f"allow within depth {max_depth}: add a width (e.g. 10)")

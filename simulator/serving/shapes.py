@@ -19,26 +19,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.decode.controller import StepShape, pool_size
 from pipeline.errors import DataError, DraftGymError
 
-Shape = tuple[int, int, int]
-OFF: Shape = (0, 1, 1)
+Shape = StepShape                       # the one shape type (pipeline/decode/controller.py): a (D, W, V) tuple
+OFF: Shape = StepShape.off()
 CHAIN_KS = tuple(range(1, 9))           # the chains every candidate set tries (vLLM's K = 1..8)
-
-
-def pool(depth: int, width: int) -> int:
-    """W + (D - 1) W^2 draft candidates (0 when off)."""
-    return 0 if depth == 0 else width + (depth - 1) * width * width
+pool = pool_size                        # W + (D - 1) W^2 draft candidates (0 when off)
 
 
 def canonical(shape) -> Shape:
     """(D, W, V) with V clamped to 1 + pool; off for D = 0 whatever W and V."""
     d, w, v = (int(x) for x in shape)
     if d < 0 or w < 1 or v < 1:
-        raise DraftGymError(f"bad shape {shape}: D >= 0, W >= 1 and V >= 1")
-    if d == 0:
-        return OFF
-    return d, w, min(v, 1 + pool(d, w))
+        raise DraftGymError(f"bad shape {tuple(shape)}: D >= 0, W >= 1 and V >= 1")
+    return OFF if d == 0 else StepShape(d, w, v).effective
 
 
 def chain(k: int) -> Shape:
@@ -48,8 +43,7 @@ def chain(k: int) -> Shape:
 
 def is_chain(shape) -> bool:
     """Off or a chain: what vLLM and SGLang's adaptive mode can run (one beam, every draft verified)."""
-    d, w, v = canonical(shape)
-    return d == 0 or (w == 1 and v == d + 1)
+    return canonical(shape).kind != "tree"
 
 
 def chain_k(shape) -> int:
@@ -60,10 +54,8 @@ def chain_k(shape) -> int:
 
 
 def label(shape) -> str:
-    d, w, v = canonical(shape)
-    if d == 0:
-        return "off"
-    return f"chain:{d}" if is_chain(shape) else f"tree:{d},{w},{v}"
+    """'off', 'chain:K' or 'tree:D,W,V' (StepShape.label of the canonical shape)."""
+    return canonical(shape).label()
 
 
 def parse(spec: str) -> Shape:
