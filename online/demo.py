@@ -19,7 +19,9 @@ running the demo twice is safe, and each step prints its own time. Sizes aim at 
 382 s in bf16 on an AMX Xeon (BENCHMARKS.md K3); 894 and 1064 s in fp32 on an AVX2-only EPYC at 100k LTD
 steps per phase, the training 217-279 s of it, hence 60k since (docs/benchmarks/U.md U3); 941 s then, 502 s
 of it in three profile rounds, hence 2 contexts and 9 verify sizes per round: 727 s (V.md V1), 814 s with
-the serving steps (28 s of it) in a slower hour (V5).
+the serving steps (28 s of it) in a slower hour (V5); 720-763 s in the fresh clones of 2026-11-27, and
+552 s once batch 1 was profiled from the engine's own steps like every B (log one-path 2: profile
+114 -> 71 s, validate 335 -> 226 s).
 The shipped default head is used when this checkout has one, otherwise a random head.
 """
 from __future__ import annotations
@@ -76,7 +78,7 @@ def main(argv=None) -> int:
                          + (["--no-ray"] if args.no_ray else []))
     steps += [
         ["profile", "--model", args.model, "--head", head, "--verify-sizes", args.verify_sizes, "--contexts", args.contexts,
-         "--repeats", "3", "--out", str(logs)] + dt,
+         "--repeats", "8", "--out", str(logs)] + dt,
         ["train", "--method", "ltd", "--logs", str(logs), "--out", str(policy), "--steps", str(args.ltd_steps),
          "--iters", "0,1", "--action-space", "wide"],   # wide: small trees too (a superset of LTD's 20..240)
         ["profile-policy", "--model", args.model, "--head", head, "--policy", str(policy), "--logs", str(logs)] + dt,
@@ -84,7 +86,7 @@ def main(argv=None) -> int:
         ["validate", "--model", args.model, "--head", head, "--policy", str(policy), "--dataset", args.datasets, "--n-prompts",
          str(args.test_prompts), "--runs", str(args.runs), "--max-new-tokens", str(args.max_new_tokens),
          "--logs", str(logs), "--out", str(report), "--profile-first", "--profile-verify-sizes", args.verify_sizes,
-         "--profile-contexts", args.contexts, "--profile-repeats", "3",
+         "--profile-contexts", args.contexts, "--profile-repeats", "8",
          "--profile-interleave", str(args.profile_interleave)] + dt,
     ]
     if args.batch_sizes != "none":
