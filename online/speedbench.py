@@ -8,10 +8,11 @@ At T = 0 every output is compared with AR's and classified exact / near-tie / mi
 (pipeline/decode/lossless.py: strict in fp32; in bf16 a divergence at a rounding near-tie is allowed).
 Warm-up generations come first.
 
-`run_calls` is the one driver under it and under `validate --batch-sizes` (online/validate_batch.py):
-the same engine (pipeline/decode/batch_engine.py), the same calls, the same lossless references at
-every batch size; the per-prompt timing is its calls of one prompt at B = 1, the per-B table its
-calls of a queue of max(N, 2B) prompts at each B.
+`run_calls` is the one driver under it, under `validate --batch-sizes` (online/validate_batch.py)
+and under `validate --load-trace` (online/validate_load.py): the same engine
+(pipeline/decode/batch_engine.py), the same calls, the same lossless references at every batch
+size; the per-prompt timing is its calls of one prompt at B = 1, the per-B table its calls of a
+queue of max(N, 2B) prompts at each B, the load trace one call per run with the trace's arrivals.
 """
 from __future__ import annotations
 

@@ -226,6 +226,7 @@ def run_transfer_command(cfg: TransferConfig) -> int:
     specs = list(cfg.profiles)
     if len(specs) < 2 or len(set(specs)) != len(specs):
         raise DraftGymError("--profiles: two or more distinct profile specs, e.g. float32,bfloat16")
+    tcfg = train_config(cfg)                          # the training settings' ranges, before the logs are read
     t0 = time.perf_counter()
     # the logs and every profile exist before any training starts
     logs = load_transfer_logs(cfg.logs, cfg.split, cfg.model, cfg.dtype, cfg.temperature, cfg.max_positions_in_memory,
@@ -234,7 +235,7 @@ def run_transfer_command(cfg: TransferConfig) -> int:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     train_args = train_flags(cfg)
-    dirs = train_for_profiles(train_config(cfg), specs, out, train_args, ids)
+    dirs = train_for_profiles(tcfg, specs, out, train_args, ids)
     res = cross_table(logs, cfg.logs, dirs, specs, cfg.latency, cfg.split)
     from pipeline.runtime.fingerprint import environment_fingerprint
     res.update(method=cfg.method, train_args=train_args, logs=cfg.logs, wall_s=time.perf_counter() - t0,

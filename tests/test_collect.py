@@ -413,9 +413,10 @@ def test_bad_out_uri_is_one_line(capsys):
 
 
 def test_bad_batch_sizes_are_one_line(tmp_path, capsys):
-    """--position-batch / --prompt-batch below 1 fail up front in one line, before any model loads or
-    anything is written (a position batch of 0 used to fail every prompt inside the job)."""
-    for flag in ("--position-batch", "--prompt-batch"):
+    """--position-batch / --prompt-batch / --max-new-tokens / --n-prompts below 1 fail up front in one
+    line, before any model loads or anything is written (a position batch of 0, or 0 new tokens, used
+    to fail every prompt inside the job)."""
+    for flag in ("--position-batch", "--prompt-batch", "--max-new-tokens", "--n-prompts"):
         rc, _, err = _cli(["collect", "--head", "random", flag, "0", "--out", str(tmp_path / "x")], capsys)
         assert rc == 2 and err == f"draftgym: error: {flag} must be >= 1, got 0\n"
     assert not (tmp_path / "x").exists()

@@ -82,3 +82,17 @@ def test_wide_action_space(syn_root, tmp_path, capsys):
     assert main(["train", "--method", "radar", "--logs", str(syn_root), "--out", str(tmp_path / "r"),
                  "--steps", "4", "--verify-size", "7", "--no-progress"]) == 2
     assert "not on the logged grid" in capsys.readouterr().err
+
+
+def test_out_of_range_budgets_are_refused(tmp_path, capsys):
+    """`--steps 0` used to train the method's default budget (0 read as unset) and `--steps -5` one
+    update that exited 0: every count is refused in one line before any log is read, by train and by
+    transfer, and nothing is written."""
+    for flag, v in (("--steps", "0"), ("--steps", "-5"), ("--n-envs", "0"), ("--width", "0"), ("--verify-size", "-1")):
+        out = tmp_path / "never"
+        assert main(["train", "--method", "ltd", "--logs", str(tmp_path / "no-logs"), "--out", str(out), flag, v]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} must be >= 1, got {v}" in err and err.count("\n") == 1 and not out.exists()
+    assert main(["transfer", "--method", "ltd", "--logs", str(tmp_path / "no-logs"), "--profiles", "float32,bfloat16",
+                 "--out", str(tmp_path / "t"), "--steps", "0"]) == 2
+    assert "--steps must be >= 1, got 0" in capsys.readouterr().err

@@ -239,6 +239,10 @@ def run_collect_command(job: CollectJob) -> int:
         raise DraftGymError(f"temperature must be >= 0, got {cfg.temperature}")
     if cfg.max_depth < 1:
         raise DraftGymError("--max-depth must be >= 1")
+    if cfg.max_new_tokens < 1:                     # else every prompt would fail (and be skipped) one by one
+        raise DraftGymError(f"--max-new-tokens must be >= 1, got {cfg.max_new_tokens}")
+    if cfg.n_prompts is not None and cfg.n_prompts < 1:
+        raise DraftGymError(f"--n-prompts must be >= 1, got {cfg.n_prompts}")
     if job.prompt_batch < 1:
         raise DraftGymError(f"--prompt-batch must be >= 1, got {job.prompt_batch}")
     if cfg.position_batch < 1:

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline.errors import DataError
+from pipeline.errors import DataError, DraftGymError
 from simulator.latency_model import LatencyModel
 from simulator.logs.load import ReplayLogs
 from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
@@ -47,6 +47,14 @@ class PolicyTrainConfig:
     as_json: bool = False                # print the summary as one JSON object
     progress: bool = True                # progress bars
     max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
+
+    def __post_init__(self):
+        """Out-of-range settings in one line, before any log is read: `--steps 0` used to train the
+        method's default budget (0 read as 'unset') and `--steps -5` one update that exited 0."""
+        for flag, v in (("--steps", self.steps), ("--n-envs", self.n_envs), ("--width", self.width),
+                        ("--verify-size", self.verify_size), ("--max-positions-in-memory", self.max_positions_in_memory)):
+            if v is not None and int(v) < 1:
+                raise DraftGymError(f"{flag} must be >= 1, got {v}")
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,6 @@ def resolve_verify_size(cfg: PolicyTrainConfig, data: "TrainData", default: int)
     try:
         data.train.grid_index(v)               # replay is exact only on the logged grid
     except ValueError as e:
-        from pipeline.errors import DraftGymError
         raise DraftGymError(f"--verify-size: {e}") from None
     return v
 
