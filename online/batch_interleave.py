@@ -35,13 +35,13 @@ from pipeline.profiling.steps import grid_shapes, rows_of, step_samples
 def slice_grid(shapes) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(widths, verify sizes) of the profile grid that holds the canonical shapes (D, W, V) run at one B:
     width 1 and V = 1 (the AR step) always; each shape's V clamped to its pool (the engine's V_eff)."""
-    from pipeline.decode.controller import pool_size
+    from pipeline.decode.controller import StepShape
 
     widths, sizes = {1}, {1}
-    for D, W, V in shapes:
-        if D:
-            widths.add(W)
-            sizes.add(min(V, 1 + pool_size(D, W)))
+    for s in map(StepShape.of, shapes):
+        if not s.is_off:
+            widths.add(s.width)
+            sizes.add(s.effective.verify_size)
     return tuple(sorted(widths)), tuple(sorted(sizes))
 
 

@@ -94,9 +94,10 @@ def run_calls(engine: BatchEngine, prompts: list[list[int]], methods: dict[str, 
         _generate(engine, methods[name], Call(min(2, warm.batch), warm.requests[:2], warm.seeds[:2]), prompts,
                   [8] * len(warm.requests[:2]), temperature)
     refs: dict[tuple, list[int]] = {}         # (prompt, max_new) -> its batch-1 AR output
+    ref_key = lambda i, m: (tuple(prompts[i]), m)
 
     def ref(i: int, m: int) -> list[int]:
-        key = (tuple(prompts[i]), m)
+        key = ref_key(i, m)
         if key not in refs:
             refs[key] = engine.generate_ar([prompts[i]], m, 0.0, 0, batch_size=1)[0].output_ids
         return refs[key]
@@ -116,7 +117,7 @@ def run_calls(engine: BatchEngine, prompts: list[list[int]], methods: dict[str, 
                 if temperature <= 0:
                     if methods[name] is None and call.batch == 1:
                         for i, m, row in zip(call.requests, max_new, res):
-                            refs.setdefault((tuple(prompts[i]), m), row.output_ids)
+                            refs.setdefault(ref_key(i, m), row.output_ids)
                     verdicts += [(name, r, k, j, i, classify(engine.model, prompts[i], ref(i, m), row.output_ids))
                                  for j, (i, m, row) in enumerate(zip(call.requests, max_new, res))]
                 bar.update(1)

@@ -188,10 +188,10 @@ def run_dataset(cfg: ValidateConfig, recs, prompts: list[list[int]], engine, met
     from online.speedbench import Call, run_calls
 
     n = len(prompts)
+    queues = [[k % n for k in range(queue_length(n, B))] for B in cfg.batch_sizes]   # the prompts cycled to Q_B
 
-    def calls(r: int) -> list[Call]:                             # one call per B: the prompts cycled to Q_B
-        return [Call(B, [k % n for k in range(queue_length(n, B))],
-                     [cfg.seed + 1000 * r + k for k in range(queue_length(n, B))]) for B in cfg.batch_sizes]
+    def calls(r: int) -> list[Call]:                             # one call per B, the same queue every run
+        return [Call(B, q, [cfg.seed + 1000 * r + k for k in range(len(q))]) for B, q in zip(cfg.batch_sizes, queues)]
 
     results, verdicts = run_calls(engine, prompts, {m.name: m.factory() for m in methods}, calls, cfg.max_new_tokens,
                                   cfg.temperature, cfg.runs, progress,
@@ -201,7 +201,7 @@ def run_dataset(cfg: ValidateConfig, recs, prompts: list[list[int]], engine, met
     for (r, k, name), res in results.items():
         B = cfg.batch_sizes[k]
         cells[B][name].figures.append(generation_figures(res))
-        rows[B] += step_table_rows(res, name, r, [recs[i].prompt_id for i in calls(r)[k].requests], dev)
+        rows[B] += step_table_rows(res, name, r, [recs[i].prompt_id for i in queues[k]], dev)
     for name, r, k, j, _, v in verdicts:
         cells[cfg.batch_sizes[k]][name].verdicts.append((r, j, v))
     paths = {B: str(write_batch_steps(cfg.out, cfg.model, recs[0].dataset, cfg.temperature, f"{run_id}-B{B}", rows[B]))

@@ -75,7 +75,10 @@ class StepShape(_DWV):
 
     @classmethod
     def of(cls, shape) -> "StepShape":
-        """Any (depth, width, verify_size) object or 3-sequence as a StepShape."""
+        """Any (depth, width, verify_size) object or 3-sequence as a StepShape (a StepShape as it is:
+        the engine asks this of every plan)."""
+        if isinstance(shape, StepShape):
+            return shape
         if hasattr(shape, "verify_size"):
             return cls(shape.depth, shape.width, shape.verify_size)
         return cls(*shape)
@@ -98,8 +101,10 @@ class StepShape(_DWV):
 
     def label(self) -> str:
         """'off', 'chain:3' or 'tree:8,10,60' (of the effective shape): logs, reports, the command line."""
-        e = self.effective
-        return {"off": "off", "chain": f"chain:{e.depth}"}.get(self.kind, f"tree:{e.depth},{e.width},{e.verify_size}")
+        e, kind = self.effective, self.kind
+        if kind == "off":
+            return "off"
+        return f"chain:{e.depth}" if kind == "chain" else f"tree:{e.depth},{e.width},{e.verify_size}"
 
 
 @dataclass

@@ -174,7 +174,12 @@ class ProfileSampler:
         for key, ts in got.items():
             self.samples.setdefault(key, []).extend(ts)
             seg.setdefault(key, []).extend(ts)
+
+    def _advance(self) -> None:
+        """One job of the grid done (run or skipped); a round ends every len(jobs) jobs."""
         self.done += 1
+        if self.done % len(self.jobs) == 0:
+            self.rounds += 1
 
     def remeasure(self) -> int:
         """Run each job with a suspect cell once more (pipeline/profiling/trust.py: a wild spread or out
@@ -201,8 +206,7 @@ class ProfileSampler:
         """Run the next n jobs of the grid (cycling through it); a round ends every len(jobs) jobs."""
         for _ in range(n_jobs):
             self._run(self.jobs[self.done % len(self.jobs)])
-            if self.done % len(self.jobs) == 0:
-                self.rounds += 1
+            self._advance()
 
     def run_round(self, progress: bool = True, deadline: float | None = None) -> list[str]:
         """Finish the current round (all of the grid when none is under way). deadline (perf_counter
@@ -216,8 +220,7 @@ class ProfileSampler:
             if B not in started and B != self.batch_sizes[0] and late:
                 if f"batch {B}" not in left_out:
                     left_out.append(f"batch {B}")
-                self.done += 1                     # skipped, so the round still ends where it should
-                self.rounds += self.done % len(self.jobs) == 0
+                self._advance()                    # skipped, so the round still ends where it should
                 continue
             started.add(B)
             self.step(1)
