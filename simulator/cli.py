@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.cliargs import (DTYPES, add_json, add_no_progress, comma_list, config_from_args, parse_positive_ints,
+from pipeline.cliargs import (COUNT, DTYPES, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, add_json,
+                              add_no_progress, comma_list, config_from_args, given, parse_positive_ints,
                               set_command)
 from pipeline.errors import DraftGymError
 
@@ -27,7 +28,7 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
     """Which logs and which latency profile: the same flags on evaluate and train."""
     p.add_argument("--logs", required=True, help="logs root (sequences/, positions/, latency/)")
     p.add_argument("--model", default=None, help="model partition (default: the only one)")
-    p.add_argument("--temperature", type=float, default=None, help="temperature partition (default: the only one)")
+    p.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, default=None, help="temperature partition (default: the only one)")
     p.add_argument("--dataset", default=None, help="comma-separated datasets (default: all)")
     p.add_argument("--dtype", default=None, choices=list(DTYPES),
                    help="the logs' compute dtype (default: the only one); the latency profile must be of the same dtype")
@@ -42,10 +43,10 @@ def _logs_args(p: argparse.ArgumentParser) -> None:
 
 def window_arg(p: argparse.ArgumentParser) -> None:
     """--max-positions-in-memory: the one memory knob of every command that reads positions."""
-    p.add_argument("--max-positions-in-memory", type=int, default=None,
+    p.add_argument("--max-positions-in-memory", type=COUNT, default=None,
                    help="logs with more positions are read a chunk (evaluate, tune --ray; validate's grid-best) or a "
                         "seeded sampled window (train, tune, serve-eval, train-load, transfer; validate: plus the decoded "
-                        "prompts' sequences) of this many at a time: about 3-6 KB each at W = 10 (default 500000)")
+                        "prompts' sequences) of this many at a time: about 3-6 KB each at W = 10")
 
 
 def _iters(s: str | None) -> tuple[int, ...] | None:
@@ -57,17 +58,17 @@ def _iters(s: str | None) -> tuple[int, ...] | None:
 def add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="replay policies and baselines on logged decoding (tau, tokens/s, speedups)")
     _logs_args(p)
-    p.add_argument("--split", default="test", help="train | val | test | all")
+    p.add_argument("--split", help="train | val | test | all")
     p.add_argument("--policy", dest="policies", metavar="POLICY", action="append", default=[],
                    help="checkpoint dir, or static:D,W,V | ddd[:thr] | entropy[:theta] | goodput | "
                         "oracle[:static|depth] | random[:seed] (repeatable)")
-    p.add_argument("--tune-split", default="auto", help="split for grid-best selection (default: val, else train)")
+    p.add_argument("--tune-split", help="split for grid-best selection (default: val, else train)")
     p.add_argument("--ray", action="store_true",
                    help="replay each chunk of --max-positions-in-memory positions as a Ray task: embedded, or the "
                         "cluster at RAY_ADDRESS (logs on a filesystem every node mounts)")
     add_no_progress(p)
     add_json(p)
-    set_command(p, _evaluate_config, "simulator.evaluate:run_evaluate_command")
+    set_command(p, _evaluate_config, "simulator.evaluate:run_evaluate_command", "simulator.evaluate:EvaluateConfig")
 
 
 def _evaluate_config(args):
@@ -83,31 +84,31 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     _logs_args(p)
     p.add_argument("--method", required=True, choices=METHODS, help="radar (REINFORCE stop/continue), ltd (PPO depth + size), resps (PPO tree shape, held N cycles)")
     p.add_argument("--out", required=True, help="policy directory (checkpoint + manifest.json + curve PNG)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=COUNT, default=None,
                    help="budget: ltd = depth env steps per depth phase (size phases get a quarter; default 200k); "
                         "radar = gradient steps (default 3000); resps = decisions (default 30k)")
-    p.add_argument("--seed", type=int, default=0, help="training seed (nets, rollouts)")
-    p.add_argument("--split", default="train", help="training split (validation uses val when present)")
-    p.add_argument("--width", type=int, default=None, help="W (default 10 when logged)")
-    p.add_argument("--n-envs", type=int, default=None, help="parallel replay environments (default: the method's own)")
+    p.add_argument("--seed", type=NON_NEGATIVE, help="training seed (nets, rollouts)")
+    p.add_argument("--split", help="training split (validation uses val when present)")
+    p.add_argument("--width", type=COUNT, default=None, help="W (default 10 when logged)")
+    p.add_argument("--n-envs", type=COUNT, default=None, help="parallel replay environments (default: the method's own)")
     p.add_argument("--iters", default=None, help="ltd: co-adaptation iterations to run, e.g. 0,1,2,3 (default all)")
-    p.add_argument("--action-space", default="seeds", choices=["seeds", "wide"],
+    p.add_argument("--action-space", choices=["seeds", "wide"],
                    help="seeds: the papers' action sets (docs/design.md); wide: adds shallow/small trees "
                         "(LTD V in the logged grid 2..240, Re-SpS D 1..8 and V 2..128), for devices like CPUs "
                         "where a large verify costs several AR steps")
-    p.add_argument("--obs", default="paper", choices=["paper", "rich"],
+    p.add_argument("--obs", choices=["paper", "rich"],
                    help="observations: paper (each seed's own) or rich (adds the best beam's entropy and the "
                         "acceptance history of the generation; simulator/observations/rich.py)")
-    p.add_argument("--objective", default="ratio", choices=["ratio", "rate"],
+    p.add_argument("--objective", choices=["ratio", "rate"],
                    help="cycle reward: ratio (the seeds' (L+1)/t_cycle per cycle) or rate ((L+1) - lambda t_cycle "
                         "with lambda = grid-best's replay tokens/s on the training split: maximises the "
                         "generation's tokens/s, not the mean cycle's; simulator/envs/core.py)")
-    p.add_argument("--verify-size", type=int, default=None,
+    p.add_argument("--verify-size", type=COUNT, default=None,
                    help="V for RADAR and LTD's Iter0 depth phase (default 60; with --action-space wide, "
                         "the grid-best static V on the training split)")
     add_no_progress(p)
     add_json(p)
-    set_command(p, _train_config, "simulator.train.run:run_trainer")
+    set_command(p, _train_config, "simulator.methods.run:run_trainer", "simulator.train.common:PolicyTrainConfig")
 
 
 def _train_config(args):
@@ -123,7 +124,7 @@ def add_transfer(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="model partition (default: the only one)")
     p.add_argument("--dtype", default=None, choices=list(DTYPES),
                    help="the logs' compute dtype (default: the only one)")
-    p.add_argument("--temperature", type=float, default=None,
+    p.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, default=None,
                    help="the logs' temperature partition (default: the only one; a root holding T = 0 and T = 1 "
                         "logs needs it)")
     p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
@@ -132,21 +133,21 @@ def add_transfer(sub: argparse._SubParsersAction) -> None:
                         "or id:<profile_id>; e.g. float32,bfloat16")
     p.add_argument("--method", required=True, choices=METHODS, help="the policy to train")
     p.add_argument("--out", required=True, help="directory: policy-<profile>/ per profile, transfer.{json,md,png}")
-    p.add_argument("--split", default="test", help="split the table is measured on (grid-best is picked on val)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--split", help="split the table is measured on (grid-best is picked on val)")
+    p.add_argument("--steps", type=COUNT, default=None,
                    help="training budget, as `draftgym train --steps` (default: the method's own)")
-    p.add_argument("--seed", type=int, default=0, help="training seed (the same for every profile)")
-    p.add_argument("--n-envs", type=int, default=None,
+    p.add_argument("--seed", type=NON_NEGATIVE, help="training seed (the same for every profile)")
+    p.add_argument("--n-envs", type=COUNT, default=None,
                    help="parallel replay environments, as `draftgym train` (default: the method's own)")
     p.add_argument("--iters", default=None, help="ltd: co-adaptation iterations, as `draftgym train` (default all)")
-    p.add_argument("--action-space", default="wide", choices=["seeds", "wide"],
-                   help="as `draftgym train` (default wide: a CPU's best trees are small)")
-    p.add_argument("--obs", default="paper", choices=["paper", "rich"], help="observations, as `draftgym train`")
-    p.add_argument("--objective", default="ratio", choices=["ratio", "rate"],
+    p.add_argument("--action-space", choices=["seeds", "wide"],
+                   help="as `draftgym train` (wide: a CPU's best trees are small)")
+    p.add_argument("--obs", choices=["paper", "rich"], help="observations, as `draftgym train`")
+    p.add_argument("--objective", choices=["ratio", "rate"],
                    help="cycle reward, as `draftgym train` (rate: lambda is each profile's own grid-best)")
     window_arg(p)
     add_no_progress(p)
-    set_command(p, _transfer_config, "simulator.transfer:run_transfer_command")
+    set_command(p, _transfer_config, "simulator.transfer:run_transfer_command", "simulator.transfer:TransferConfig")
 
 
 def _transfer_config(args):
@@ -160,19 +161,19 @@ def _transfer_config(args):
 def add_synth(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("synth-logs", help="write synthetic logs with the real schemas (tests, demos)")
     p.add_argument("--out", required=True, help="output logs root")
-    p.add_argument("--n-sequences", type=int, default=10, help="per dataset")
-    p.add_argument("--widths", default="10", help="comma-separated W values")
-    p.add_argument("--temperature", type=float, default=0.0, help="the logs' temperature partition")
-    p.add_argument("--latency-profile", default="cpu", choices=["cpu", "gpu", "none"], help="synthetic latency profile shape")
-    p.add_argument("--latency-batches", default="1",
-                   help="comma-separated batch sizes of the latency rows (batch 1 always), e.g. 1,2,4,8,16")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the synthetic data")
-    p.add_argument("--new-tokens", default=None, help="LO,HI: new tokens per sequence, uniform (default 40,96)")
-    p.add_argument("--shard-sequences", type=int, default=None,
+    p.add_argument("--n-sequences", type=COUNT, help="per dataset")
+    p.add_argument("--widths", help="comma-separated W values")
+    p.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, help="the logs' temperature partition")
+    p.add_argument("--latency-profile", choices=["cpu", "gpu", "none"], help="synthetic latency profile shape")
+    p.add_argument("--latency-batches", help="comma-separated batch sizes of the latency rows (batch 1 always), e.g. 1,2,4,8,16")
+    p.add_argument("--seed", type=NON_NEGATIVE, help="random seed of the synthetic data")
+    p.add_argument("--new-tokens", default=None, help="LO,HI: new tokens per sequence, uniform")
+    p.add_argument("--shard-sequences", type=COUNT, default=None,
                    help="sequences per shard, written in parallel and resumable (default: one shard per dataset)")
-    p.add_argument("--workers", type=int, default=1, help="processes writing shards (with --shard-sequences)")
+    p.add_argument("--workers", type=COUNT, help="processes writing shards (with --shard-sequences)")
     add_no_progress(p)
-    set_command(p, _synth_config, "simulator.logs.synthetic:run_synth_logs_command")
+    set_command(p, _synth_config, "simulator.logs.synthetic:run_synth_logs_command",
+                "simulator.logs.synthetic:SynthLogsConfig")
 
 
 def _synth_config(args):
@@ -183,9 +184,10 @@ def _synth_config(args):
         extra["new_tokens"] = parse_positive_ints(args.new_tokens, "--new-tokens")
         if len(extra["new_tokens"]) != 2:
             raise DraftGymError(f"--new-tokens takes LO,HI, got {args.new_tokens!r}")
-    data = config_from_args(SyntheticConfig, args, widths=parse_positive_ints(args.widths, "--widths"), **extra,
-                            latency_profile=None if args.latency_profile == "none" else args.latency_profile,
-                            latency_batches=parse_positive_ints(args.latency_batches, "--latency-batches"))
+    data = config_from_args(SyntheticConfig, args, widths=given(args.widths, lambda s: parse_positive_ints(s, "--widths")),
+                            **extra, latency_profile=given(args.latency_profile, lambda s: None if s == "none" else s),
+                            latency_batches=given(args.latency_batches,
+                                                  lambda s: parse_positive_ints(s, "--latency-batches")))
     return config_from_args(SynthLogsConfig, args, data=data)
 
 
@@ -196,11 +198,12 @@ def add_latency_report(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=None, help="latency profile_id (default: the newest)")
     p.add_argument("--plot", default=None, help="write a PNG of measured points and interpolated curves (default: no plot)")
     add_json(p)
-    set_command(p, _latency_report_config, "simulator.latency_report:run_latency_report_command")
+    set_command(p, _latency_report_config, "simulator.latency.report:run_latency_report_command",
+                "simulator.latency.report:LatencyReportConfig")
 
 
 def _latency_report_config(args):
-    from simulator.latency_report import LatencyReportConfig
+    from simulator.latency.report import LatencyReportConfig
 
     return config_from_args(LatencyReportConfig, args)
 
@@ -211,7 +214,7 @@ def _serving_logs_args(p: argparse.ArgumentParser) -> None:
     """Which logs and latency profile the serving commands replay (no --latency-dtype: one clock)."""
     p.add_argument("--logs", required=True, help="logs root (sequences/, positions/, latency/)")
     p.add_argument("--model", default=None, help="model partition (default: the only one)")
-    p.add_argument("--temperature", type=float, default=None, help="temperature partition (default: the only one)")
+    p.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, default=None, help="temperature partition (default: the only one)")
     p.add_argument("--dataset", default=None, help="comma-separated datasets (default: all)")
     p.add_argument("--dtype", default=None, choices=list(DTYPES), help="the logs' compute dtype (default: the only one)")
     p.add_argument("--profile", default=None,
@@ -223,13 +226,12 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="the best speculation shape at each batch size (closed-batch replay), "
                                     "merged into a schedule JSON")
     _serving_logs_args(p)
-    p.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="batch sizes to tune at")
-    p.add_argument("--shapes", default="all", choices=["chain", "tree", "all"],
+    p.add_argument("--batch-sizes", help="batch sizes to tune at")
+    p.add_argument("--shapes", choices=["chain", "tree", "all"],
                    help="candidates besides off: chain K = 1..8 (needs width-1 logs), the logged trees, or both")
-    p.add_argument("--split", default="val", help="split the choice is made on")
-    p.add_argument("--requests-per-slot", type=int, default=4,
-                   help="closed batch of B rows: max(sequences, this x B) requests, the split's sequences cycled")
-    p.add_argument("--max-batch", type=int, default=None,
+    p.add_argument("--split", help="split the choice is made on")
+    p.add_argument("--requests-per-slot", type=COUNT, help="closed batch of B rows: max(sequences, this x B) requests, the split's sequences cycled")
+    p.add_argument("--max-batch", type=COUNT, default=None,
                    help="the schedule's last range reaches this batch size (default: the largest tuned B)")
     p.add_argument("--out", required=True, help="schedule JSON to write (the tokens/s table goes beside it, same name with .csv)")
     p.add_argument("--plot", default=None, help="PNG of tokens/s x AR against B per shape (default: no plot)")
@@ -240,7 +242,7 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
     window_arg(p)
     add_no_progress(p)
     add_json(p)
-    set_command(p, _tune_config, "simulator.serving.tune:run_tune_command")
+    set_command(p, _tune_config, "simulator.serving.tune:run_tune_command", "simulator.serving.tune:TuneConfig")
 
 
 def _tune_config(args):
@@ -253,29 +255,28 @@ def add_serve_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve-eval", help="replay a load sweep under AR, the best static shape, the per-B "
                                           "schedule, vLLM's example, SGLang's adaptive rule and an oracle")
     _serving_logs_args(p)
-    p.add_argument("--split", default="test", help="split the requests replay")
-    p.add_argument("--tune-split", default="val", help="split the schedule and the best static shape are chosen on")
+    p.add_argument("--split", help="split the requests replay")
+    p.add_argument("--tune-split", help="split the schedule and the best static shape are chosen on")
     p.add_argument("--schedule", default=None, help="a schedule JSON from `draftgym tune` (default: tune one here)")
-    p.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="batch sizes to tune at (without --schedule)")
-    p.add_argument("--shapes", default="all", choices=["chain", "tree", "all"], help="tuning candidates besides off")
-    p.add_argument("--target-batches", default="1,2,4,8,16",
-                   help="the Poisson sweep's rates keep about these many rows busy under AR decoding")
+    p.add_argument("--batch-sizes", help="batch sizes to tune at (without --schedule)")
+    p.add_argument("--shapes", choices=["chain", "tree", "all"], help="tuning candidates besides off")
+    p.add_argument("--target-batches", help="the Poisson sweep's rates keep about these many rows busy under AR decoding")
     p.add_argument("--rates", default=None, help="comma-separated arrival rates in requests/s instead (default: from "
                                                  "--target-batches)")
     p.add_argument("--trace", default=None, help="file of arrival times in s (one per line, or a JSON list) instead "
                                                  "of a sweep (default: a sweep)")
-    p.add_argument("--requests-per-rate", type=int, default=32, help="requests at each rate of the sweep")
-    p.add_argument("--segment-seconds", type=float, default=None,
+    p.add_argument("--requests-per-rate", type=COUNT, help="requests at each rate of the sweep")
+    p.add_argument("--segment-seconds", type=POSITIVE_FLOAT, default=None,
                    help="instead: each rate's segment lasts about this many seconds (round(rate x S) requests), so "
                         "the sweep spends equal time at each load; with equal requests the low rates take the "
                         "longest (default: --requests-per-rate)")
-    p.add_argument("--max-batch", type=int, default=None, help="most rows in a batch (default: the largest target batch)")
-    p.add_argument("--tpot-target", type=float, default=None,
+    p.add_argument("--max-batch", type=COUNT, default=None, help="most rows in a batch (default: the largest target batch)")
+    p.add_argument("--tpot-target", type=POSITIVE_FLOAT, default=None,
                    help="seconds per output token a request must meet to count in goodput (default: AR's median TPOT)")
-    p.add_argument("--seed", type=int, default=0, help="arrival seed")
+    p.add_argument("--seed", type=NON_NEGATIVE, help="arrival seed")
     p.add_argument("--sglang-config", default=None,
                    help="SGLang --speculative-adaptive-config JSON to replay (default: SGLang's stored tiers)")
-    p.add_argument("--sglang-initial-steps", type=int, default=3, help="SGLang's --speculative-num-steps")
+    p.add_argument("--sglang-initial-steps", type=COUNT, help="SGLang's --speculative-num-steps")
     p.add_argument("--no-oracle", dest="oracle", action="store_false", help="skip the greedy per-step oracle")
     p.add_argument("--policy", dest="policies", metavar="DIR", action="append", default=[],
                    help="a load-aware policy from `draftgym train-load` to replay too (repeatable)")
@@ -285,11 +286,12 @@ def add_serve_eval(sub: argparse._SubParsersAction) -> None:
                         "to FILE for `draftgym validate --load-trace FILE`, and exit without replaying (default: replay)")
     window_arg(p)
     add_json(p)
-    set_command(p, _serve_eval_config, "simulator.serving.evaluate:run_serve_eval_command")
+    set_command(p, _serve_eval_config, "simulator.serve_eval:run_serve_eval_command",
+                "simulator.serve_eval:ServeEvalConfig")
 
 
 def _serve_eval_config(args):
-    from simulator.serving.evaluate import ServeEvalConfig
+    from simulator.serve_eval import ServeEvalConfig
 
     return config_from_args(ServeEvalConfig, args, policies=tuple(args.policies))
 
@@ -299,48 +301,45 @@ def add_train_load(sub: argparse._SubParsersAction) -> None:
                                           "size, queue and draft confidences) in the serving replay")
     _serving_logs_args(p)
     p.add_argument("--out", required=True, help="policy directory (checkpoint, manifest.json, training.json)")
-    p.add_argument("--method", default="resps",
-                   help="resps (default; resps-load is the same): an MLP picks the shared shape of the next --hold "
+    p.add_argument("--method", help="resps (resps-load is the same): an MLP picks the shared shape of the next --hold "
                         "steps from a list, PPO | ltd: a depth head (0 = off .. --max-depth) and a verify-size head, "
                         "PPO on the joint log-prob | radar: stop / continue at each depth, REINFORCE with a baseline")
-    p.add_argument("--width", type=int, default=None,
+    p.add_argument("--width", type=NON_NEGATIVE, default=None,
                    help="ltd, radar: W of every drafting shape (default: 1 when the logs have width 1, else their "
                         "primary width; W = 1 drafts chains)")
-    p.add_argument("--max-depth", type=int, default=None, help="ltd, radar: the deepest D (default 6)")
-    p.add_argument("--split", default="train", help="training split")
-    p.add_argument("--val-split", default="val", help="validation split (the best validated policy is kept)")
-    p.add_argument("--shapes", default="auto",
-                   help="action set: auto (off, chains 1..--chains, the tuned best shape at each --tune-batches) "
+    p.add_argument("--max-depth", type=COUNT, default=None, help="ltd, radar: the deepest D")
+    p.add_argument("--split", help="training split")
+    p.add_argument("--val-split", help="validation split (the best validated policy is kept)")
+    p.add_argument("--shapes", help="action set: auto (off, chains 1..--chains, the tuned best shape at each --tune-batches) "
                         "or space-separated labels, e.g. \"off chain:2 tree:4,10,60\"")
-    p.add_argument("--chains", type=int, default=6, help="auto: chains K = 1..this")
-    p.add_argument("--tune-batches", default="1,2,4,8,16", help="auto: the tuned best shape at each of these B joins")
-    p.add_argument("--max-batch", type=int, default=16, help="most rows in a batch")
-    p.add_argument("--hold", type=int, default=5, help="steps each decision is held")
-    p.add_argument("--target-batches", default="1,2,4,8,16,32",
-                   help="training episodes' Poisson rates (and the validation sweep) keep about these B busy under AR "
+    p.add_argument("--chains", type=COUNT, help="auto: chains K = 1..this")
+    p.add_argument("--tune-batches", help="auto: the tuned best shape at each of these B joins")
+    p.add_argument("--max-batch", type=COUNT, help="most rows in a batch")
+    p.add_argument("--hold", type=COUNT, help="steps each decision is held")
+    p.add_argument("--target-batches", help="training episodes' Poisson rates (and the validation sweep) keep about these B busy under AR "
                         "(beyond --max-batch: overload)")
-    p.add_argument("--episode-decisions", type=int, default=32, help="decisions per training episode")
-    p.add_argument("--objective", default="ratio", choices=["ratio", "rate"],
+    p.add_argument("--episode-decisions", type=COUNT, help="decisions per training episode")
+    p.add_argument("--objective", choices=["ratio", "rate"],
                    help="reward over a hold: ratio = throughput x AR; rate = tokens - lambda time, lambda = "
                         "--rate-ref x AR's tokens/s at the decision's batch")
-    p.add_argument("--rate-ref", type=float, default=1.0, help="rate: lambda as a multiple of AR's tokens/s")
-    p.add_argument("--confidence-depth", type=int, default=1,
-                   help="observation: the batch's draft confidences at depths 1..this (0: none)")
-    p.add_argument("--steps", type=int, default=100_000, help="training decisions")
-    p.add_argument("--val-requests-per-rate", type=int, default=16, help="requests per rate of the validation sweep")
-    p.add_argument("--seed", type=int, default=0, help="nets, rollouts, arrivals")
+    p.add_argument("--rate-ref", type=POSITIVE_FLOAT, help="rate: lambda as a multiple of AR's tokens/s")
+    p.add_argument("--confidence-depth", type=NON_NEGATIVE, help="observation: the batch's draft confidences at depths 1..this (0: none)")
+    p.add_argument("--steps", type=COUNT, help="training decisions")
+    p.add_argument("--val-requests-per-rate", type=COUNT, help="requests per rate of the validation sweep")
+    p.add_argument("--seed", type=NON_NEGATIVE, help="nets, rollouts, arrivals")
     window_arg(p)
     add_json(p)
     add_no_progress(p)
-    set_command(p, _train_load_config, "simulator.serving.train_load:run_train_load_command")
+    set_command(p, _train_load_config, "simulator.methods.train_load:run_train_load_command",
+                "simulator.methods.train_load:LoadTrainConfig")
 
 
 def _train_load_config(args):
     from dataclasses import replace
 
-    from simulator.serving.train_load import LoadTrainConfig
-    from simulator.serving.train_ltd import LTDLoadConfig
-    from simulator.serving.train_radar import RadarLoadConfig
+    from simulator.methods.train_load import LoadTrainConfig
+    from simulator.methods.ltd.serving_train import LTDLoadConfig
+    from simulator.methods.radar.serving_train import RadarLoadConfig
 
     shared = {k: v for k, v in (("width", args.width), ("max_depth", args.max_depth)) if v is not None}
     return config_from_args(LoadTrainConfig, args, ltd=replace(LTDLoadConfig(), **shared),
@@ -360,14 +359,15 @@ def add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--best-expressible", action="store_true",
                    help="replace what the engine cannot run by its best runnable shape from the schedule's tuning "
                         "table, and say so (default: refuse)")
-    p.add_argument("--max-batch", type=int, default=None,
+    p.add_argument("--max-batch", type=COUNT, default=None,
                    help="vllm: the last batch range ends here (default: the schedule's own end)")
     p.add_argument("--out", default=None, help="file to write (default: print)")
-    set_command(p, _export_config, "simulator.serving.export:run_export_command")
+    set_command(p, _export_config, "simulator.serving.formats.export:run_export_command",
+                "simulator.serving.formats.export:ExportConfig")
 
 
 def _export_config(args):
-    from simulator.serving.export import ExportConfig
+    from simulator.serving.formats.export import ExportConfig
 
     return config_from_args(ExportConfig, args)
 
@@ -376,22 +376,22 @@ def add_profile_import(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile-import", help="turn an engine's own timing file (SGLang bench_speculative.py JSONL) "
                                               "into a latency profile with batch rows")
     p.add_argument("file", help="the engine's file")
-    p.add_argument("--format", dest="fmt", default="sglang-bench", choices=["sglang-bench"],
+    p.add_argument("--format", dest="fmt", choices=["sglang-bench"],
                    help="sglang-bench: the JSONL of sglang/scripts/playground/bench_speculative.py")
     p.add_argument("--out", required=True, help="logs root to write latency/model=<M>/<profile_id>.parquet into")
     p.add_argument("--model", required=True, help="model_id of the logs the profile will time")
-    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES), help="the engine's compute dtype")
+    p.add_argument("--dtype", choices=list(DTYPES), help="the engine's compute dtype")
     p.add_argument("--profile-id", default=None, help="profile_id (default: sglang-<file stem>)")
-    p.add_argument("--context-len", type=int, default=0,
-                   help="the context length the engine measured at (its file does not say; one level, flat in c)")
+    p.add_argument("--context-len", type=NON_NEGATIVE, help="the context length the engine measured at (its file does not say; one level, flat in c)")
     p.add_argument("--compare-logs", default=None,
                    help="logs root to replay the same shapes on at batch 1: the file's acc_length against the "
                         "replayed tau (default: no comparison)")
     add_json(p)
-    set_command(p, _profile_import_config, "simulator.serving.sglang_import:run_profile_import_command")
+    set_command(p, _profile_import_config, "simulator.serving.formats.sglang_import:run_profile_import_command",
+                "simulator.serving.formats.sglang_import:ProfileImportConfig")
 
 
 def _profile_import_config(args):
-    from simulator.serving.sglang_import import ProfileImportConfig
+    from simulator.serving.formats.sglang_import import ProfileImportConfig
 
     return config_from_args(ProfileImportConfig, args)

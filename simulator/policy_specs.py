@@ -5,7 +5,7 @@ policy, which only `draftgym serve-eval --policy` replays) (or its `manifest.jso
 `static:D,W,V`, `ddd[:threshold]`, `entropy[:theta]`, `goodput`, `oracle[:static|depth]`,
 `random[:seed]`. `parse_spec` reads one into (name, args) and refuses a bad one in one line;
 `load_policy` builds the policy. `draftgym evaluate`, `draftgym validate` and the online
-controllers (online/controller_specs.py) all go through here.
+controllers (online/adapters/specs.py) all go through here.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from pipeline.errors import DraftGymError
 from simulator import baselines as B
 from simulator.policies.base import Policy
-from simulator.policies.checkpoint import load_checkpoint
+from simulator.methods.checkpoint import load_checkpoint
 
 CHECKPOINT = "checkpoint"
 BUILTINS = "static:D,W,V, ddd[:threshold], entropy[:theta], goodput, oracle[:static|depth], random[:seed]"

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.latency_model import LatencyModel
-from simulator.logs.load import ReplayLogs
+from pipeline import metrics as M
+from simulator.latency.model import LatencyModel
+from simulator.logs.replay_logs import ReplayLogs
 from simulator.observations.paper import RESPS_ROOT_K
 from simulator.policies.base import PlanBatch, PoolBatch, StepBatch
 
@@ -92,7 +93,7 @@ class SimResult:
             return {"sequences": 0}
         cyc = self.cycles[m].sum()
         return {"sequences": int(m.sum()), "tokens": int(self.tokens[m].sum()), "cycles": int(cyc),
-                "tau": float(self.tokens[m].sum() / max(cyc, 1)),
+                "tau": float(M.tau(self.tokens[m].sum(), cyc)),
                 "mean_accepted": float(self.accepted[m].sum() / max(cyc, 1)),
                 "tokens_per_s": float(self.tokens_per_s[m].mean()),
                 "time_s": float(self.time[m].sum()),

@@ -80,7 +80,7 @@ def train_flags(cfg: TransferConfig) -> list[str]:
 
 
 def _latency(root, model, spec: str):
-    from simulator.latency_model import LatencyModel
+    from simulator.latency.model import LatencyModel
 
     if spec.startswith("id:"):
         return LatencyModel.from_logs(root, model=model, profile=spec[3:])
@@ -125,7 +125,7 @@ def train_for_profiles(base: PolicyTrainConfig, specs: list[str], out: Path, tra
                        profile_ids: dict | None = None) -> dict:
     """One policy per profile by `run_trainer` (the same settings `base`, only the profile differs).
     A profile whose policy folder already holds a finished run with the same flags is not retrained."""
-    from simulator.train.run import run_trainer
+    from simulator.methods.run import run_trainer
 
     logs, method, dirs = base.logs, base.method, {}
     for spec in specs:
@@ -161,7 +161,7 @@ def cross_table(logs, logs_root: str, policy_dirs: dict, specs: list[str], laten
     """Replay each policy under each profile on `split` of `logs` (`load_transfer_logs`, from
     `logs_root`); grid-best picked on val under that profile."""
     from simulator import baselines as B
-    from simulator.policies.checkpoint import load_checkpoint
+    from simulator.methods.checkpoint import load_checkpoint
     from simulator.replay import autoregressive, simulate
 
     test, val = logs.select(split), logs.select("val")

@@ -8,7 +8,7 @@ import torch
 
 # The suite runs the same on every CPU: the default dtype is pinned to fp32 (the strict, exact path);
 # tests of reduced precision ask for bf16 explicitly. (The machine-dependent default is
-# pipeline.decode.target.default_cpu_dtype, tested in tests/test_dtype.py.)
+# pipeline.models.target.default_cpu_dtype, tested in tests/pipeline/models/test_dtype.py.)
 os.environ["DRAFTGYM_CPU_DTYPE"] = "float32"
 
 # `make test` runs the suite on pytest-xdist workers, a file per worker at a time (Makefile TEST_WORKERS,
@@ -17,13 +17,12 @@ os.environ["DRAFTGYM_CPU_DTYPE"] = "float32"
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
-# The files that take 8 s or more on the 2-core box, longest first (a serial run's --durations,
-# docs/benchmarks/U.md U1). With --no-loadscope-reorder (Makefile) xdist hands the files out in
-# collection order, the next one to a worker whose queue runs low, so the long ones start first and
+# The files that take 8 s or more on the 2-core box, longest first (a serial run's --durations).
+# With --no-loadscope-reorder (Makefile) xdist hands the files out in collection order, the next one to a worker whose queue runs low, so the long ones start first and
 # the end of the queue is short files: no worker is left alone with a long one at the end
 # (longest-processing-time-first scheduling). The files not named follow, as collected.
-LONGEST_FIRST = ("test_lossless.py", "test_demo.py", "test_dtype.py", "test_sampling.py", "test_collect.py",
-                 "test_validate.py", "test_cluster.py", "test_transfer.py", "test_engine.py", "test_batch_cli.py",
+LONGEST_FIRST = ("test_lossless.py", "test_demo.py", "test_dtype.py", "test_sampling.py", "test_collect_job.py",
+                 "test_collect.py", "test_validate.py", "test_cluster.py", "test_transfer.py", "test_engine.py", "test_batch_cli.py",
                  "test_batch_engine.py", "test_smollm2.py", "test_notebook_sim_vs_real.py", "test_no_deprecations.py",
                  "test_architectures.py", "test_serving_plots.py", "test_reanchor.py", "test_train_draft.py",
                  "test_gpu_check.py", "test_chooser_adapter_learned.py", "test_obs_rich.py", "test_bench_collect.py",
@@ -58,7 +57,7 @@ def tiny_llama():
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded default target (dequantised once into the user cache, then ~5 s to load)."""
-    from pipeline.decode.target import load_target
+    from pipeline.models.target import load_target
 
     return load_target("smollm2-135m", device="cpu")
 
@@ -69,7 +68,7 @@ def tiny_model_dir(tmp_path_factory):
     so the model-loading code paths (load_target by path, chat template) run in seconds."""
     from transformers import AutoTokenizer
 
-    from pipeline.decode.target import _materialise_smollm2
+    from pipeline.models.target import _materialise_smollm2
 
     d = tmp_path_factory.mktemp("tiny-llama")
     model = make_tiny_llama(vocab=49152, hidden=16, layers=4, heads=2, kv_heads=1, max_positions=2048)

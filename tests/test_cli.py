@@ -1,6 +1,7 @@
 """The `draftgym` command line as one thing: every subcommand's --help shows a default (or "required")
-for each option that takes a value, the flags' defaults are the Config dataclasses' defaults, and
-building the parser imports nothing heavy."""
+for each option that takes a value, the defaults are written once (in the Config dataclasses; no option
+of a field writes its own), every number has a range checked before anything runs, and building the
+parser imports nothing heavy."""
 from __future__ import annotations
 
 import argparse
@@ -84,6 +85,44 @@ def test_flag_defaults_are_the_config_defaults(name):
     assert not diff, diff
     module, fn = args.run.split(":")
     assert callable(getattr(__import__(module, fromlist=[fn]), fn))
+
+
+def test_no_option_writes_a_default_of_its_own():
+    """Defaults are written once: an option that sets a Config field leaves its argparse default at None
+    (config_from_args then keeps the field's), so --help and the command read the one in the Config."""
+    from pipeline.cliargs import field_defaults
+
+    own = []
+    for name, sp in _subparsers().items():
+        fields = field_defaults(sp.get_default("config"))
+        own += [f"{name} {a.option_strings[0]}={a.default!r}" for a in sp._actions
+                if a.option_strings and a.nargs != 0 and a.dest in fields and a.default not in (None, [])
+                and not isinstance(a, argparse._AppendAction)]
+    assert not own, own
+    validate = _option_help("validate")
+    assert validate["--shapes"].endswith("(default: tree:8,10,60;chain:2;chain:4)")   # the Config's tuple, as typed
+    assert validate["--n-prompts"].endswith("(default: 5)")
+
+
+def test_every_number_has_a_range():
+    """No option takes a bare int or float: each names its range (pipeline.cliargs.at_least)."""
+    bare = [f"{name} {a.option_strings[0]}" for name, sp in _subparsers().items() for a in sp._actions
+            if a.type in (int, float)]
+    assert not bare, bare
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["train", "--logs", "x", "--method", "ltd", "--out", "y", "--steps", "0"], "argument --steps: must be >= 1, got 0"),
+    (["validate", "--runs", "-5"], "argument --runs: must be >= 1, got -5"),
+    (["validate", "--temperature", "-1"], "argument --temperature: must be >= 0.0, got -1"),
+    (["serve-eval", "--logs", "x", "--tpot-target", "0"], "argument --tpot-target: must be > 0.0, got 0"),
+    (["collect", "--n-prompts", "ten"], "argument --n-prompts: expected an integer, got 'ten'"),
+])
+def test_out_of_range_numbers_are_refused_in_one_line(argv, says, capsys):
+    from online.cli import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"draftgym {argv[0]}: error: {says}"]
 
 
 def test_building_the_parser_imports_nothing_heavy():

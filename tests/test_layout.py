@@ -114,3 +114,34 @@ def test_the_checker_sees_a_circle(tmp_path):
 def test_the_checker_sees_a_circle_between_folders():
     g = {"pipeline.decode": {"pipeline.logs"}, "pipeline.logs": {"pipeline.decode"}}
     assert _cycles(g)
+
+
+MAX_LINES, MAX_MODULES = 400, 12      # a module reads in one sitting; a folder's list fits its __init__ docstring
+
+
+def _oversized(root: Path) -> list[str]:
+    """Modules over MAX_LINES lines and folders over MAX_MODULES modules (.py files, __init__ included)
+    under root's packages and tests/."""
+    out = []
+    for top in (*PACKAGES, "tests"):
+        for d in [root / top, *(p for p in (root / top).rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+            files = sorted(d.glob("*.py"))
+            if len(files) > MAX_MODULES:
+                out.append(f"{d.relative_to(root)}/: {len(files)} modules")
+            out += [f"{f.relative_to(root)}: {n} lines" for f in files
+                    if (n := len(f.read_text().splitlines())) > MAX_LINES]
+    return out
+
+
+def test_modules_and_folders_stay_small():
+    """No module over 400 lines, no folder over 12 modules (docs/design.md, the layout table)."""
+    too_big = _oversized(ROOT)
+    assert not too_big, too_big
+
+
+def test_the_size_check_can_fail(tmp_path):
+    (tmp_path / "pipeline" / "x").mkdir(parents=True)
+    for i in range(MAX_MODULES + 1):
+        (tmp_path / "pipeline" / "x" / f"m{i}.py").write_text("")
+    (tmp_path / "pipeline" / "long.py").write_text("\n" * (MAX_LINES + 1))
+    assert _oversized(tmp_path) == ["pipeline/long.py: 401 lines", "pipeline/x/: 13 modules"]

@@ -8,6 +8,7 @@ Per mode it prints the graph cache's summary (captures, failure and its tracebac
 batch-1 AR call and an EAGLE-3 (8, 10, 60) call on the random-weight target, and first whether a
 plain HF forward (no cache) captures at all. Exit code 0 when some mode captured everything.
 """
+import argparse
 import json
 import os
 import subprocess
@@ -20,8 +21,8 @@ MODES = ("global", "thread_local", "relaxed")
 
 
 def one(target: str) -> dict:
-    from online.gpu_check import CheckConfig, build_head, build_target
-    from pipeline.decode.batch_engine import BatchEngine
+    from online.gpu_check.run import CheckConfig, build_head, build_target
+    from pipeline.decode.batch.engine import BatchEngine
     from pipeline.decode.controller import StaticController, StepShape
 
     cfg = CheckConfig(out="/tmp/probe", target=target, dtype="bfloat16")
@@ -44,27 +45,34 @@ def one(target: str) -> dict:
     eng.generate_ar([p], 6, batch_size=1)
     out["ar"] = eng.graphs.summary()
     if eng.graphs.enabled:
-        ctrl = lambda: StaticController(StepShape(8, 10, 60))
+        def ctrl():
+            return StaticController(StepShape(8, 10, 60))
         eng.generate([p, p], 6, batch_size=2, controller=ctrl())
         eng.generate([p, p], 6, batch_size=2, controller=ctrl())
         out["eagle3"] = eng.graphs.summary()
     return out
 
 
-if __name__ == "__main__":
-    target = sys.argv[1] if len(sys.argv) > 1 else "llama-3.1-8b"
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target", nargs="?", default="llama-3.1-8b")
+    target = ap.parse_args(argv).target
     if os.environ.get("PROBE_CHILD"):
         print("PROBE " + json.dumps(one(target)), flush=True)
-        sys.exit(0)
+        return 0
     ok = None
     for mode in MODES:
         env = dict(os.environ, PROBE_CHILD="1", DRAFTGYM_CAPTURE_MODE=mode)
         r = subprocess.run([sys.executable, __file__, target], env=env, capture_output=True, text=True)
-        line = next((l for l in r.stdout.splitlines() if l.startswith("PROBE ")), None)
+        line = next((ln for ln in r.stdout.splitlines() if ln.startswith("PROBE ")), None)
         res = json.loads(line[6:]) if line else {"mode": mode, "error": (r.stderr or "")[-1500:]}
         print(json.dumps(res, indent=1), flush=True)
         if ok is None and (res.get("eagle3") or {}).get("failure", "x") is None:
             ok = mode
             break
     print(f"PROBE_OK_MODE={ok}")
-    sys.exit(0 if ok else 1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,5 @@
 """Train a matrix of policies in the replay simulator, two at a time (one thread each), and pick each
-(method, obs, objective) group's best seed on val (docs/benchmarks/M.md, M3; N.md, N4).
+(method, obs, objective) group's best seed on val (log M3, N4; docs/policies.md).
 
     .venv/bin/python docs/adhoc/policy_sweep.py LOGS OUT METHODS OBS OBJECTIVES SEEDS [STEPS...]
     e.g. ... data/logs/l-bf16 data/policies/l ltd,radar,resps paper,rich ratio,rate 0,1
@@ -10,6 +10,7 @@ in OUT (training.json present) are not retrained. STEPS: method=N overrides, e.g
 temperature=T (default 0: the greedy logs, which validate decodes; logs may also hold T = 1)."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -19,20 +20,34 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
-def main(logs, out, methods, obs_list, objectives, seeds, *steps):
-    out = Path(out)
+def draftgym() -> str:
+    """The draftgym entry point beside this interpreter (.venv/bin/draftgym)."""
+    return str(Path(sys.executable).with_name("draftgym"))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("logs")
+    ap.add_argument("out")
+    ap.add_argument("methods", help="comma-separated: ltd,radar,resps")
+    ap.add_argument("obs", help="comma-separated: paper,rich")
+    ap.add_argument("objectives", help="comma-separated: ratio,rate")
+    ap.add_argument("seeds", help="comma-separated ints")
+    ap.add_argument("steps", nargs="*", metavar="method=N|temperature=T")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    budget = dict(s.split("=") for s in steps)
+    budget = dict(s.split("=", 1) for s in a.steps)
     temperature = budget.pop("temperature", "0")
-    jobs = [(m, o, j, int(s)) for m in methods.split(",") for o in obs_list.split(",")
-            for j in objectives.split(",") for s in seeds.split(",")]
+    jobs = [(m, o, j, int(s)) for m in a.methods.split(",") for o in a.obs.split(",")
+            for j in a.objectives.split(",") for s in a.seeds.split(",")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
     def run(job):
         m, o, j, s = job
         d = out / f"{m}-{o}-{j}-s{s}"
         if not (d / "training.json").exists():
-            cmd = [".venv/bin/draftgym", "train", "--method", m, "--logs", logs, "--out", str(d), "--seed", str(s),
+            cmd = [draftgym(), "train", "--method", m, "--logs", a.logs, "--out", str(d), "--seed", str(s),
                    "--action-space", "wide", "--obs", o, "--objective", j, "--no-progress", "--json",
                    "--temperature", temperature]
             if m in budget:
@@ -54,11 +69,13 @@ def main(logs, out, methods, obs_list, objectives, seeds, *steps):
         k = (r["method"], r["obs"], r["objective"])
         if k not in best or r["val"] > best[k]["val"]:
             best[k] = r
-    (out / "sweep.json").write_text(json.dumps({"runs": rows, "selected": list(best.values())}, indent=2) + "\n")
+    sweep = {"runs": rows, "selected": list(best.values())}
+    (out / "sweep.json").write_text(json.dumps(sweep, indent=2) + "\n")
     for r in sorted(rows, key=lambda r: (r["method"], r["obs"], r["objective"], r["seed"])):
         sel = "*" if best[(r["method"], r["obs"], r["objective"])] is r else " "
         print(f"{sel} {Path(r['dir']).name:28s} val {r['val']:.2f} tok/s  ({r['wall_s']:.0f} s)")
+    return sweep
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main()

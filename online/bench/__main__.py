@@ -4,8 +4,8 @@
 
 Each benchmark runs in its own process (`python -m online.bench.<name> ... --out <json>`), one after
 the other, never two at once (two timing jobs on one machine distort each other). The full-size
-runs behind BENCHMARKS.md are the same modules with larger arguments; their commands are listed
-there. The small sizes here take a few minutes on a 2-core CPU and answer "does every benchmark run,
+runs behind BENCHMARKS.md are the same modules with larger arguments; their commands are in the
+benchmark log (docs/benchmarks/). The small sizes here take a few minutes on a 2-core CPU and answer "does every benchmark run,
 and roughly where does this machine stand":
 
     engine   AR against static EAGLE-3 trees on MT-bench prompts (tokens/s, tau, lossless)
@@ -13,7 +13,7 @@ and roughly where does this machine stand":
     ltd      an LTD depth-policy PPO run on synthetic logs (env steps/s of training)
     collect  positions logged per second against online EAGLE-3 tokens/s (starts Ray)
     scale    logs of 100k positions: writing, streamed evaluate (every baseline), LTD PPO from the replay
-             window, with disk per position and peak RSS (online/bench/scale.py; BENCHMARKS O-rows at 2M+)
+             window, with disk per position and peak RSS (online/bench/scale.py: its docstring runs 2M)
     batch    optional (not in the default --only): tokens/s of the batched engine at B = 1 and 4 for AR,
              chain 2 and the (8, 10, 60) tree on 4 prompts of 16 tokens (online/bench/batch.py, whose
              docstring gives the full-size command)

@@ -4,7 +4,7 @@
         --batch-sizes 1,2,4,8,16,32 --grid-best D,W,V --dtypes float32,bfloat16 --out data/reports/bench_batch.json
 
 Run it on a quiet machine: every figure is a timing. Per dtype, on the first N held-out prompts of at
-most --max-prompt-tokens tokens, the batched engine (pipeline/decode/batch_engine.py) decodes all N
+most --max-prompt-tokens tokens, the batched engine (pipeline/decode/batch/engine.py) decodes all N
 prompts at each B (continuous batching: a finished row's slot takes the next prompt), greedy, with
 
     AR (every step off), chains K = --chains, trees --trees, and --grid-best (this machine's batch-1 best)
@@ -62,7 +62,7 @@ def method_shapes(args) -> dict[str, tuple[int, int, int]]:
 def select_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
     """[(prompt_id, ids)]: the first N prompts of the split with <= --max-prompt-tokens tokens."""
     from pipeline.datasets import load_prompts
-    from pipeline.decode.target import encode_prompt
+    from pipeline.models.target import encode_prompt
 
     out = []
     for r in load_prompts(args.dataset, split=args.split):
@@ -151,9 +151,9 @@ def best_and_crossover(tps: dict[str, dict[int, float]], batch_sizes) -> tuple[d
 # ---------------------------------------------------------------------------------- one dtype
 
 def run_dtype(args, dtype: str, methods: dict, batch_sizes) -> dict:
-    from pipeline.decode.batch_engine import BatchEngine
-    from pipeline.decode.head import load_head_for
-    from pipeline.decode.target import load_target
+    from pipeline.decode.batch.engine import BatchEngine
+    from pipeline.models.head import load_head_for
+    from pipeline.models.target import load_target
     from pipeline.runtime.fingerprint import environment_fingerprint
 
     target = load_target(args.model, dtype=dtype)
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     ap.add_argument("--grid-best", default=None, help="this machine's batch-1 grid-best D,W,V, one more method "
                                                       "(default: none)")
     ap.add_argument("--dtypes", default=None, help="comma-separated dtypes, each measured in turn (default: the "
-                                                   "device's default, pipeline.decode.target.resolve_dtype_name)")
+                                                   "device's default, pipeline.models.target.resolve_dtype_name)")
     ap.add_argument("--hf-batch", type=int, default=16, help="B of the batched-AR against HF generate comparison "
                                                             "(0: skip)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (no model loads)")
@@ -258,7 +258,7 @@ def main(argv=None) -> int:
     except DraftGymError as e:
         print(f"bench batch: error: {e}", file=sys.stderr)
         return 2
-    from pipeline.decode.target import resolve_dtype_name
+    from pipeline.models.target import resolve_dtype_name
 
     dtypes = [resolve_dtype_name(d) for d in args.dtypes.split(",")] if args.dtypes else [resolve_dtype_name(None)]
     config = {"model": args.model, "head": args.head, "dataset": args.dataset, "split": args.split,

@@ -45,9 +45,9 @@ from pipeline.datasets import load_prompts
 from pipeline.decode.engine import Engine
 from pipeline.errors import DraftGymError
 from pipeline.runtime.fingerprint import dtype_name, environment_fingerprint
-from pipeline.decode.head import load_head_for
+from pipeline.models.head import load_head_for
 from pipeline.logs.schema import read_table, table_files
-from pipeline.decode.target import encode_prompt, load_target
+from pipeline.models.target import encode_prompt, load_target
 from pipeline.runtime.atomic import atomic_write_json
 
 
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-batches", default="8", help="comma-separated collection prompt batches")
     ap.add_argument("--dtypes", default=None,
                     help="comma-separated compute dtypes, each measured in turn in this run "
-                         "(default: pipeline.decode.target.default_cpu_dtype on a CPU, bf16 on a GPU)")
+                         "(default: pipeline.models.target.default_cpu_dtype on a CPU, bf16 on a GPU)")
     ap.add_argument("--warm", action="store_true",
                     help="also time each prompt batch's re-collection with the continuations cached (a new head or "
                          "new widths on the same prompts); the cache is a scratch one, not the user's")

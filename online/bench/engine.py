@@ -22,9 +22,9 @@ from pipeline.decode.controller import StaticController
 from pipeline.datasets import load_prompts
 from pipeline.decode.engine import Engine
 from pipeline.runtime.fingerprint import environment_fingerprint
-from pipeline.decode.head import load_head_for
+from pipeline.models.head import load_head_for
 from pipeline.profiling.timed_ops import draft_op, time_op, verify_op
-from pipeline.decode.target import encode_prompt, load_target
+from pipeline.models.target import encode_prompt, load_target
 
 
 def main(argv=None) -> int:
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--op-context", type=int, default=256, help="context length for the per-op timings")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                    help="compute dtype (default: bf16 on a GPU, pipeline.decode.target.default_cpu_dtype on a CPU)")
+                    help="compute dtype (default: bf16 on a GPU, pipeline.models.target.default_cpu_dtype on a CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 

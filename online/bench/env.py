@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--out", default=None, help="write the JSON report here too")
     args = ap.parse_args(argv)
-    from simulator.latency_model import LatencyModel
-    from simulator.logs.load import load_logs
+    from simulator.latency.model import LatencyModel
+    from simulator.logs.replay_logs import load_logs
     from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
 
     tmp = None

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pipeline.runtime.fingerprint import environment_fingerprint
 from simulator.logs.stream import DEFAULT_MAX_POSITIONS
 from simulator.train.common import PolicyTrainConfig, load_training_data
-from simulator.train.ltd import configure, train_ltd
+from simulator.methods.ltd.train import configure, train_ltd
 from pipeline.runtime.atomic import atomic_write_json
 
 

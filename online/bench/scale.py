@@ -117,7 +117,8 @@ def phase_tune(args, ray: bool = False) -> dict:
 def phase_validate(args) -> dict:
     """validate's logs side, as `draftgym validate` runs it before decoding (no model): the acceptance
     logs for three prompts (the first, middle and last sequence) and grid-best on the tuning split."""
-    from online.validate import ValidateConfig, load_acceptance_logs, simulator_side
+    from online.validate.common import ValidateConfig, load_acceptance_logs
+    from online.validate.batch1 import simulator_side
     from simulator.logs.stream import LogSource
 
     seqs = LogSource(args.logs, widths="all", progress=False).sel.sequences

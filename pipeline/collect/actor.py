@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from pipeline.decode.batch_prefill import length_groups
+from pipeline.decode.batch.prefill import length_groups
 from pipeline.collect.prompt import CollectConfig, collect_prompt, collect_prompts, generate_continuations
 from pipeline.errors import DraftGymError, first_line
 from pipeline.logs.schema import (FAILURES, SCHEMA_VERSION, SEQUENCES, partition_parts, positions_table, prompt_hash,
@@ -31,8 +31,8 @@ FAIL_PROMPT_ENV = "DRAFTGYM_FAIL_PROMPT"  # tests: comma-separated prompt ids th
 # tokens (the group is right-padded to its longest sequence, and every layer's hidden states are held
 # at once). Continuations are generated together in batches of at most GEN_TOKENS slot tokens (rows x
 # the longest row's prompt + new tokens), since every decode step attends over the longest live row.
-# Measured (BENCHMARKS.md I3): without these caps, one 2,585-token ShareGPT prompt in a batch of 64 made
-# all 64 rows attend over 2,600 keys and padded its group of 8 to 8 x 2,650 tokens.
+# Without these caps, one 2,585-token ShareGPT prompt in a batch of 64 makes all 64 rows attend over
+# 2,600 keys and pads its group of 8 to 8 x 2,650 tokens.
 GROUP_PROMPTS, GROUP_TOKENS, GEN_TOKENS = 16, 4096, 32768
 
 
@@ -67,8 +67,8 @@ class CollectorActor:
 
         from pipeline.decode.engine import Engine
         from pipeline.runtime.fingerprint import environment_fingerprint
-        from pipeline.decode.head import load_head_for
-        from pipeline.decode.target import load_target
+        from pipeline.models.head import load_head_for
+        from pipeline.models.target import load_target
 
         self.cfg = CollectConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(cfg_json).items()})
         self.store = store
@@ -79,7 +79,7 @@ class CollectorActor:
         # continuations on disk ($DRAFTGYM_CACHE/continuations on the actor's node), reused by later runs
         # with another head or widths; the device name (backend, threads) is in the key, since the
         # rounding of another device could change a greedy continuation at a near-tie
-        from pipeline.decode.batch_generate import ContinuationCache
+        from pipeline.decode.continuations import ContinuationCache
         from pipeline.runtime.fingerprint import device_name
         self.continuations = (ContinuationCache(f"{self.cfg.model}|{device_name(self.target.device)}", self.cfg.dtype)
                               if continuation_cache else None)
@@ -89,7 +89,7 @@ class CollectorActor:
 
     def __call__(self, batch: dict) -> dict:
         from pipeline.datasets import has_user_text
-        from pipeline.decode.target import encode_prompt
+        from pipeline.models.target import encode_prompt
 
         rows = {"prompt_id": [], "status": [], "positions": [], "seconds": []}
 

@@ -250,7 +250,7 @@ def run_collect_command(job: CollectJob) -> int:
     check_actor_options(job.num_actors, job.num_gpus, job.cpus_per_actor)
     store = resolve_out(job.out)
     if cfg.head not in ("random", "default"):
-        from pipeline.decode.head import resolve_head_dir
+        from pipeline.models.head import resolve_head_dir
         resolve_head_dir(cfg.head)
     s = run_collect(cfg, store, num_actors=job.num_actors, num_gpus=job.num_gpus, cpus_per_actor=job.cpus_per_actor,
                     use_ray=job.use_ray, device=job.device, retry_failed=job.retry_failed,

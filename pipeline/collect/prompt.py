@@ -16,10 +16,10 @@ Per prompt:
   5. the acceptance table L[D, V] from ranks of the on-path nodes (selections are nested in V).
 
 `collect_prompt` does this for one prompt at batch 1 (the reference). `collect_prompts` does it for
-many: continuations from the batched generator (pipeline/decode/batch_generate.py, optional disk cache),
+many: continuations from the batched generator (pipeline/decode/continuations.py, optional disk cache),
 one teacher-forced forward and one head forward per group of prompts (right-padded), and chunks of
 roots from several prompts expanded together over a packed head prefix (no per-root KV copy). Its
-logs equal collect_prompt's row for row (tests/test_batch_generate.py). At T > 0 prompt i samples
+logs equal collect_prompt's row for row (tests/pipeline/decode/test_batch_generate.py). At T > 0 prompt i samples
 with seed `prompt_seed(cfg.seed, prompt_ids)`, in both.
 """
 from __future__ import annotations
@@ -31,15 +31,15 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from pipeline.decode.batch_generate import ContinuationCache, generate_batch
+from pipeline.collect.acceptance import acceptance_dists, acceptance_table
+from pipeline.decode.continuations import ContinuationCache, generate_batch
 from pipeline.decode.draft import expand_tree
 from pipeline.decode.engine import Engine
 from pipeline.errors import DraftGymError
-from pipeline.decode.head import Eagle3Head
+from pipeline.models.head import Eagle3Head
 from pipeline.logs.schema import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID, SCHEMA_VERSION
-from pipeline.decode.target import base_model
-from pipeline.decode.tree import rank_nodes, tree_from_nodes
-from pipeline.decode.verify import crop_cache, target_forward, trees_attention_mask
+from pipeline.models.target import base_model
+from pipeline.decode.verify import target_forward
 
 
 @dataclass
@@ -59,9 +59,9 @@ class CollectConfig:
     max_depth: int = DEFAULT_MAX_DEPTH
     verify_grid: tuple[int, ...] = DEFAULT_VERIFY_GRID
     # roots expanded together in one batched draft forward (x W beams = rows per head matmul). 64: warm
-    # collection of 64 ShareGPT prompts on the 2-core Xeon took 26.6-26.9 / 24.6-24.9 / 22.7-23.2 /
+    # collection of 64 ShareGPT prompts on the 2-core Xeon takes 26.6-26.9 / 24.6-24.9 / 22.7-23.2 /
     # 22.0-22.1 s at 16 / 32 / 64 / 128 in bf16, and 56.7-58.4 / 50.4-52.2 / 54.0-56.4 s at 16 / 64 / 128
-    # in fp32 (BENCHMARKS.md O2). Not part of run_key: it changes speed, not what is logged.
+    # in fp32. Not part of run_key: it changes speed, not what is logged.
     position_batch: int = 64
     dist_every: int = 1              # T > 0: acceptance distributions at every k-th position (0 = never)
     dist_verify_size: int = 60       # V of the trees whose acceptance distributions are logged
@@ -131,111 +131,6 @@ def generate_continuations(engine: Engine, prompts: list[list[int]], cfg: Collec
                            [prompt_seed(cfg.seed, p) for p in prompts], engine.eos, run_past_eos=True,
                            batch_size=batch_size, cache=cache)
     return [_cut(c.output_ids, cfg, engine.eos) for c in conts]
-
-
-def acceptance_table(pool, cont: torch.Tensor, max_depth: int, grid: torch.Tensor) -> torch.Tensor:
-    """L[b, D-1, v] for every static tree (D, W, grid[v]) of each root in the pool.
-
-    pool: DraftPool with B roots, N = W + (max_depth-1)W^2 nodes; cont: [B, max_depth] logged
-    continuation y_{p+1}.. (-1 where it does not exist). A node is on-path when its token equals
-    cont at its depth and its parent is on-path (or is the root); there is at most one per depth.
-    The tree (D, V) selects the top V-1 nodes of pool[:n_D] (n_D = W + (D-1)W^2) in the stable
-    order of `rank_nodes`; the on-path depth-j node is selected iff its rank there is <= V-2, and
-    then (the selection being connected) L >= j.
-    """
-    B, N = pool.tokens.shape
-    W = pool.width
-    on_path = torch.zeros(B, N, dtype=torch.bool)
-    path_idx = torch.full((B, max_depth), -1, dtype=torch.long)        # [B, j] on-path node at depth j+1
-    for j in range(1, max_depth + 1):
-        lo = 0 if j == 1 else W + (j - 2) * W * W
-        hi = W + (j - 1) * W * W
-        tok = pool.tokens[:, lo:hi]
-        par = pool.parents[:, lo:hi]
-        par_ok = torch.ones_like(tok, dtype=torch.bool) if j == 1 else torch.gather(on_path, 1, par.clamp(min=0))
-        ok = (tok == cont[:, j - 1 : j]) & par_ok & (cont[:, j - 1 : j] >= 0)
-        on_path[:, lo:hi] = ok
-        has = ok.any(1)
-        path_idx[has, j - 1] = lo + ok[has].float().argmax(1)
-    # rank of depth j's on-path node in the stable order of each pool prefix [:n_D]: the nodes with a
-    # strictly better score, plus those with an equal score at a lower index. The pool is depth-major,
-    # so count level by level and take the cumulative sum over levels (one pass, not one per (D, j)).
-    scores = pool.scores                                                 # [B, N]
-    si = torch.gather(scores, 1, path_idx.clamp(min=0))                  # [B, Dmax] on-path scores
-    ar = torch.arange(N)
-    better = (scores[:, None, :] > si[:, :, None]) | (
-        (scores[:, None, :] == si[:, :, None]) & (ar[None, None, :] < path_idx[:, :, None]))   # [B, Dmax(j), N]
-    ends = [W + (k - 1) * W * W for k in range(1, max_depth + 1)]        # n_D for D = 1..Dmax
-    per_level = torch.stack([better[:, :, lo:hi].sum(-1) for lo, hi in zip([0] + ends[:-1], ends)], -1)
-    rank = per_level.cumsum(-1)                                          # [B, j, D] rank in pool[:n_D]
-    depth = torch.arange(1, max_depth + 1)
-    sel = ((path_idx >= 0)[:, :, None, None] & (depth[:, None] <= depth[None, :])[None, :, :, None]
-           & (rank[..., None] <= grid - 2))                              # [B, j, D, n_grid] node j selected
-    # the selection is connected, so L is the deepest selected on-path node
-    return (sel * depth.to(torch.uint8)[None, :, None, None]).amax(1)    # [B, D, n_grid] uint8
-
-
-DIST_ROWS = 512   # tree nodes of several roots verified in one forward (bounds the [rows, vocab] logits)
-
-
-@torch.inference_mode()
-def acceptance_dists(model, cache, pool, bs: list[int], root_tokens: list[int], ns: list[int], max_depth: int,
-                     verify_size: int, temperature: float) -> list[np.ndarray]:
-    """P(L = l) for the trees (D, W, verify_size), D = 1..max_depth, of roots bs of the pool (all of one
-    sequence): one [max_depth, max_depth + 1] array per root.
-
-    Per root, the union of those trees is verified on the teacher-forced cache (prefix < n), the
-    unions of several roots side by side in one target forward (block-diagonal tree masks, each
-    block seeing its own prefix < n_b), up to DIST_ROWS nodes per forward.
-    Under EAGLE's sampling rule the emitted token is distributed as p_target and the path goes on
-    exactly when it is a drafted child, so reaching node i has probability prod_{k on path} p(tok_k | parent)
-    and P(L >= j) = sum over selected depth-j nodes of that product.
-    """
-    W = pool.width
-    N = cache.get_seq_length()                                          # the whole teacher-forced sequence
-    trees, sels = [], []
-    for b, root_token in zip(bs, root_tokens):
-        order = rank_nodes(pool.scores[b : b + 1])[0]
-        sel = [order[order < W + (D - 1) * W * W][: max(0, verify_size - 1)] for D in range(1, max_depth + 1)]
-        trees.append(tree_from_nodes(pool, b, root_token, torch.unique(torch.cat(sel))))
-        sels.append(sel)
-    out, i0 = [], 0
-    while i0 < len(trees):                                              # chunks of roots, <= DIST_ROWS nodes
-        i1 = i0 + 1
-        while i1 < len(trees) and sum(t.size for t in trees[i0 : i1 + 1]) <= DIST_ROWS:
-            i1 += 1
-        chunk, sizes = trees[i0:i1], [t.size for t in trees[i0:i1]]
-        mask = trees_attention_mask(chunk, N, next(model.parameters()).dtype, ns[i0:i1])   # [1, 1, Q, N + Q]
-        tokens = torch.cat([t.tokens for t in chunk])
-        pos = torch.cat([n + t.depths for t, n in zip(chunk, ns[i0:i1])])
-        logits, _ = target_forward(model, tokens[None], pos[None], cache, mask, hidden_states=False)
-        crop_cache(cache, N)
-        for t, sel, lg in zip(chunk, sels[i0:i1], logits.split(sizes)):
-            out.append(_dist_of_tree(t, sel, lg, max_depth, temperature))
-        i0 = i1
-    return out
-
-
-def _dist_of_tree(tree, sel, logits: torch.Tensor, max_depth: int, temperature: float) -> np.ndarray:
-    """[max_depth, max_depth + 1] P(L = l) of the trees sel[D-1] (pool indices) inside a verified union
-    tree; logits: [V_u, vocab] of its nodes."""
-    probs = torch.softmax(logits / temperature, dim=-1)                 # [V_u, vocab]
-    q = probs[tree.parents.clamp(min=0), tree.tokens].double().cpu()    # [V_u] p(tok_i | parent)
-    parents, depths, pool_index = tree.parents.cpu(), tree.depths.cpu(), tree.pool_index.cpu()
-    reach = torch.ones(tree.size, dtype=torch.float64)                  # [V_u] P(the path reaches node i)
-    for d in range(1, int(depths.max()) + 1):                           # parents precede children by depth
-        rows = (depths == d).nonzero().flatten()
-        reach[rows] = reach[parents[rows]] * q[rows]
-    pos_of = torch.full((int(pool_index.max()) + 2,), -1, dtype=torch.long)
-    pos_of[pool_index + 1] = torch.arange(tree.size)                    # pool index -> tree row (root: -1 -> 0)
-    out = np.zeros((max_depth, max_depth + 1), np.float32)
-    for D in range(1, max_depth + 1):
-        rows = pos_of[sel[D - 1].cpu() + 1]
-        ge = torch.zeros(max_depth + 2, dtype=torch.float64)            # ge[j] = P(L >= j)
-        ge[0] = 1.0
-        ge.index_add_(0, depths[rows], reach[rows])
-        out[D - 1] = np.clip((ge[: max_depth + 1] - ge[1 : max_depth + 2]).numpy(), 0.0, 1.0)
-    return out
 
 
 COLUMNS = ("position", "context_len", "width", "root_token", "acceptance", "beam_scores", "candidate_scores", "entropy")

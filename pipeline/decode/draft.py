@@ -15,8 +15,8 @@ from typing import Callable
 
 import torch
 
-from pipeline.decode.head import Eagle3Head
-from pipeline.decode.head_model import KVBuffer
+from pipeline.models.head import Eagle3Head
+from pipeline.models.head_model import KVBuffer
 from pipeline.decode.tree import DraftPool, DraftStep, expand_level, level_stats
 
 

@@ -1,5 +1,5 @@
 """The EAGLE-3 decoding engine at batch size 1, and its autoregressive baseline: one prompt at a
-time on the one engine (pipeline/decode/batch_engine.py at B = 1).
+time on the one engine (pipeline/decode/batch/engine.py at B = 1).
 
 One cycle (vocabulary: docs/design.md, "Vocabulary"):
 
@@ -19,14 +19,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.decode import arch
-from pipeline.decode.batch_engine import BatchEngine
+from pipeline import metrics as M
+from pipeline.models import arch
+from pipeline.decode.batch.engine import BatchEngine
+from pipeline.decode.batch.result import Generated
 from pipeline.decode.controller import Controller, CycleRecord, StaticController
-from pipeline.decode.head import Eagle3Head
+from pipeline.models.head import Eagle3Head
 
 
 @dataclass
-class GenerationResult:
+class GenerationResult(Generated):
     """One generation. tau = sum(emitted) / cycles (vLLM's mean acceptance length); the first token,
     produced by the prefill, belongs to no cycle. tokens_per_s = new_tokens / wall_s, prefill included."""
 
@@ -39,18 +41,8 @@ class GenerationResult:
     stop_reason: str = ""           # 'eos' | 'max_new_tokens'
 
     @property
-    def new_tokens(self) -> int:
-        return len(self.output_ids)
-
-    @property
-    def tau(self) -> float | None:
-        if not self.cycles:
-            return None
-        return sum(c.emitted for c in self.cycles) / len(self.cycles)
-
-    @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        return float(M.tokens_per_s(self.new_tokens, self.wall_s))
 
     @classmethod
     def of_row(cls, res, i: int = 0) -> GenerationResult:
@@ -69,14 +61,14 @@ class GenerationResult:
 
 class Engine:
     """EAGLE-3 (and AR) generation for one target + one head, one prompt at a time: the batched
-    engine (pipeline/decode/batch_engine.py) at B = 1. One engine for every batch size (issue N):
+    engine (pipeline/decode/batch/engine.py) at B = 1. One engine for every batch size (issue N):
     static caches and, on a GPU, CUDA graphs at batch 1 as at batch 64. The controller is the one
     interface of every batch size (pipeline/decode/controller.py: plan sees the StepContext of one
     row; level hooks asked after each draft level, that step drafting eagerly); the result's cycles
-    are the row's CycleRecords. The batch-1 loop this
-    replaced (a growing DynamicCache) is the tests' oracle (tests/reference_engine.py): the same
+    are the row's CycleRecords. A plain batch-1
+    loop (a growing DynamicCache) is the tests' oracle (tests/pipeline/decode/reference_engine.py): the same
     outputs cycle for cycle in fp32. On a CPU the trees run at that loop's speed and the AR step
-    within 2 % of it (about 0.4 ms a step of bookkeeping the loop did not have)."""
+    within 2 % of it (about 0.4 ms a step of bookkeeping the loop does not have)."""
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
         self.batched = BatchEngine(model, head, eos_token_ids)

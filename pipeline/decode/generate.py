@@ -1,5 +1,5 @@
 """`draftgym generate`: decode one prompt with AR or EAGLE-3 and print the text (or one JSON object);
-with --batch-size, a file of prompts with the batched engine (pipeline/decode/generate_batch.py)."""
+with --batch-size, a file of prompts with the batched engine (pipeline/decode/generate_file.py)."""
 from __future__ import annotations
 
 import json
@@ -12,14 +12,14 @@ from pipeline.decode.controller import StaticController
 from pipeline.decode.engine import Engine
 from pipeline.errors import DraftGymError
 from pipeline.runtime.fingerprint import device_name, dtype_name
-from pipeline.decode.head import load_head_for, resolve_head_dir
-from pipeline.decode.target import encode_prompt, load_target
+from pipeline.models.head import load_head_for, resolve_head_dir
+from pipeline.models.target import encode_prompt, load_target
 
 
 @dataclass
 class GenerateConfig:
     """`draftgym generate`: decode one prompt with AR or EAGLE-3 and print the text; with `batch_size`,
-    decode a prompts file with the batched engine (pipeline/decode/generate_batch.py)."""
+    decode a prompts file with the batched engine (pipeline/decode/generate_file.py)."""
 
     prompt: str = ""                  # the user message (the chat template is applied unless chat_template=False)
     prompts_file: str | None = None   # with batch_size: a text file (one prompt per line) or a JSONL/JSON/Parquet
@@ -36,7 +36,7 @@ class GenerateConfig:
     seed: int = 0                     # sampling seed (and a random head's seed)
     max_new_tokens: int = 128         # tokens to generate after the prompt
     device: str | None = None         # None: cuda if present, else cpu
-    dtype: str | None = None          # None: the device's default (pipeline.decode.target.resolve_dtype_name)
+    dtype: str | None = None          # None: the device's default (pipeline.models.target.resolve_dtype_name)
     chat_template: bool = True        # False: feed the prompt text as-is
     as_json: bool = False             # print one JSON object instead of the text
 
@@ -51,7 +51,7 @@ def run_generate_command(cfg: GenerateConfig) -> int:
     if bool(cfg.prompt) == bool(cfg.prompts_file):
         raise DraftGymError("give one of --prompt and --prompts-file")
     if cfg.batch_size is not None:
-        from pipeline.decode.generate_batch import run_batch_generate
+        from pipeline.decode.generate_file import run_batch_generate
 
         return run_batch_generate(cfg)
     if cfg.chain is not None:

@@ -19,13 +19,13 @@ Classification of one prompt (spec = EAGLE-3 output ids, ar = AR output ids, sam
 ulp_dtype(x) = 2^(floor(log2 x) - m), m = the dtype's explicit mantissa bits (bf16 7, fp16 10): the
 spacing of representable numbers at x. The scale is the row's largest |logit|, not the two logits
 themselves: a logit is a dot product h . w_v accumulated at the size of the whole row, and its
-rounding error follows that size even when the logit itself is near zero (measured: with the
-two tokens' own ulp the moves below reached 19 ulps, with the row's they stay within 4).
+rounding error follows that size even when the logit itself is near zero (with the two tokens'
+own ulp the moves below reach 19 ulps, with the row's they stay within 4).
 
 Why NEAR_TIE_ULPS = 6 for bf16. `rounding_noise` measures, at every position of AR-decoded
 sequences, how far the top-2 logit gap moves between AR's 1-token forward and a chunked
 multi-token forward over the same positions (a verify). On the embedded default in bf16
-(BENCHMARKS.md H1: 1440 position-paths, chunks of 8 and 60 tokens) |move| had median 0.5, p99 2,
+(1440 position-paths, chunks of 8 and 60 tokens) |move| has median 0.5, p99 2,
 max 4 ulps. The verify flipped the AR argmax only if AR's own gap was within that move, so a gap
 <= 4 ulps in AR's computation is what a rounding flip can produce; 6 is that bound with 1.5x
 margin. A real acceptance bug emits tokens the target ranks lower by whole logits at most of its

@@ -156,7 +156,7 @@ def level_stats(logits: torch.Tensor, k: int, rows: int = STATS_ROWS):
         entropy = -(exp(logp) * logp).sum(-1)   # [...]
 
     logits: [..., Vd] in any float dtype. The numbers are bit for bit those of the three lines above
-    (tests/test_dtype.py), which every op here computes row by row; the work runs `rows` rows at a
+    (tests/pipeline/models/test_dtype.py), which every op here computes row by row; the work runs `rows` rows at a
     time into buffers made once, so the [rows x Vd] fp32 log-probs and their products are never
     materialised whole. Why: in collection a level has 64 roots x 10 beams = 640 rows of 8,192,
     and allocating three fresh 21 MB fp32 tensors per level (page faults, cache misses) cost more

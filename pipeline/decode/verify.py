@@ -49,8 +49,8 @@ def target_forward(model, input_ids: torch.Tensor, position_ids: torch.Tensor, c
 
     `last_only` (every prefill: only the last position's logits pick the next token) asks the CausalLM
     for `logits_to_keep=1`, so its lm_head (and any soft-capping / logit scale after it) runs on the last
-    row only: on the embedded default the [q, 576] x [576, 49152] output matmul was as long as the 30
-    layers' gate and up projections together (docs/benchmarks/T.md T3), and for an 8B target with a
+    row only: on the embedded default the [q, 576] x [576, 49152] output matmul is as long as the 30
+    layers' gate and up projections together, and for an 8B target with a
     128k vocabulary the [q, vocab] fp32 logits of an 8k-token prompt alone are 4 GB."""
     out = model(input_ids=input_ids, position_ids=position_ids, cache=cache, attention_mask=attn_mask, use_cache=True,
                 output_hidden_states=hidden_states, logits_to_keep=1 if last_only else 0)

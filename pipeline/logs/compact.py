@@ -2,7 +2,7 @@
 
 Version 3 (pipeline/logs/candidates.py) replaces each row's `candidate_scores` [Dmax * W * W] float32
 by `candidate_tail` (a fixed-size binary of [Dmax, W*W - W] float16), the candidates below the beams,
-sorted and floored: about a third of the bytes on disk (log section Y1), the same replay (acceptance is untouched) and the same
+sorted and floored: about a third of the bytes on disk, the same replay (acceptance is untouched) and the same
 observations up to float16 rounding of the tail. Every other column, and every other table, is kept
 as it is.
 

@@ -9,7 +9,7 @@ Atomic writes (pipeline.runtime.atomic): on a local filesystem a file is written
 (`.<name>.<rand>.tmp`) and moved into place (rename); on an object store (S3, GCS) a single put is
 already atomic, so the file is written to its final key.
 
-Readers (`draftgym query`, `simulator.logs.load`, the notebooks) read local directories: `local_dir` turns
+Readers (`draftgym query`, `simulator.logs.replay_logs`, the notebooks) read local directories: `local_dir` turns
 a `file://` URI into a path, and an object-store URI (s3://, gs://) into a local mirror of it under
 `$DRAFTGYM_CACHE/logs-mirror/`, brought up to date on each call (new and changed files are
 downloaded, files gone from the store are dropped; unchanged files, by size and modification time,

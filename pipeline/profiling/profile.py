@@ -18,7 +18,7 @@ and the rest of t_step are one sample each). Batch 1 is B = 1 of the same path: 
 n, median, p10, p90, mean. A cell that spreads wildly or breaks the order in V or B
 (pipeline/profiling/trust.py) is measured once more. `--isolated` adds the tight-loop
 micro-benchmarks (pipeline.profiling.timed_ops) as ops `verify_isolated` / `draft_isolated`, for
-comparison: on a CPU they ran 13-15 % faster than the same forward inside real decoding (BENCHMARKS.md, E).
+comparison: on a CPU they run 13-15 % faster than the same forward inside real decoding.
 Profile alone: never while collection actors or other jobs share the device.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ PROFILE_REQUESTS = ("Explain how a hash map works, step by step, with a short Py
 def context_prompt(tokenizer, n: int, variant: int = 0) -> list[int]:
     """A prompt of exactly n tokens: chat-formatted requests tiled in front of one final request
     (the last tokens are always a complete request and the assistant header)."""
-    from pipeline.decode.target import encode_prompt
+    from pipeline.models.target import encode_prompt
 
     k = len(PROFILE_REQUESTS)
     last = encode_prompt(tokenizer, PROFILE_REQUESTS[variant % k] + " " * (variant // k))
@@ -70,8 +70,8 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
                 batch_sizes=DEFAULT_BATCH_SIZES, prefill_lengths=DEFAULT_PREFILL_LENGTHS) -> dict:
     """Load the target and head, then `profile_engine`."""
     from pipeline.decode.engine import Engine
-    from pipeline.decode.head import load_head_for
-    from pipeline.decode.target import load_target
+    from pipeline.models.head import load_head_for
+    from pipeline.models.target import load_target
 
     target = load_target(model, device=device, dtype=dtype)
     head = load_head_for(head_spec, target.model)
@@ -122,7 +122,7 @@ class ProfileSampler:
     `warmup` rounds dropped and `repeats` kept. One round runs every job once (`run_round`, or a few
     jobs at a time with `step`); samples of all rounds are pooled, and `rows` / `write` turn them into
     one profile. Batch 1 is B = 1 of the same jobs. Why rounds: on a shared VM the cost of a
-    multi-token forward drifts by up to 2x within minutes (BENCHMARKS.md E2), so `draftgym validate
+    multi-token forward can drift by up to 2x within minutes, so `draftgym validate
     --profile-interleave` spreads rounds between its generations, and the pooled profile then samples
     the same machine states as the decoding it predicts."""
 
@@ -132,7 +132,7 @@ class ProfileSampler:
         """engine: an Engine or BatchEngine (its model and head; the sampler decodes with its own
         BatchEngine without EOS, so the rows stay B). prompt(c, r): a prompt of exactly c tokens,
         variant r (default `context_prompt` of the tokenizer)."""
-        from pipeline.decode.batch_engine import BatchEngine
+        from pipeline.decode.batch.engine import BatchEngine
 
         if repeats < 1:
             raise DraftGymError(f"profile: repeats must be >= 1, got {repeats}")
@@ -296,7 +296,7 @@ class ProfileConfig:
     batch_sizes: tuple = DEFAULT_BATCH_SIZES      # batch sizes B of the draft_step / verify / policy rows (1 always)
     prefill_lengths: tuple = DEFAULT_PREFILL_LENGTHS  # prompt lengths n of the prefill rows (() = none)
     device: str | None = None                     # None: cuda if present, else cpu
-    dtype: str | None = None                      # None: the device's default (pipeline.decode.target.resolve_dtype_name)
+    dtype: str | None = None                      # None: the device's default (pipeline.models.target.resolve_dtype_name)
     out: str = "data/logs"                        # logs root: the profile goes to OUT/latency/
     as_json: bool = False                         # print the summary as one JSON object
     progress: bool = True                         # progress bars
@@ -304,7 +304,7 @@ class ProfileConfig:
 
 def run_profile_command(cfg: ProfileConfig) -> int:
     if cfg.head not in ("random", "default"):
-        from pipeline.decode.head import resolve_head_dir
+        from pipeline.models.head import resolve_head_dir
         resolve_head_dir(cfg.head)
     r = run_profile(cfg.model, cfg.head, cfg.out, widths=cfg.widths, verify_sizes=cfg.verify_sizes,
                     contexts=cfg.contexts, repeats=cfg.repeats, device=cfg.device, dtype=cfg.dtype,

@@ -4,7 +4,7 @@ as batch 64) and validate's profile rounds.
 The step (docs/design.md "Serving at batch size B") runs, for B active rows and one shape: D head
 forwards over B x W rows, one target forward over B x V tokens (each row on its own prefix), and one
 controller call. The profile samples exactly that, with the engine that decodes
-(pipeline/decode/batch_engine.py; batch 1 is B = 1 of it): for each (B, c), B prompts of c tokens
+(pipeline/decode/batch/engine.py; batch 1 is B = 1 of it): for each (B, c), B prompts of c tokens
 are prefilled once, then one generation plays the grid's shapes round-robin,
 
     steps = (warmup + repeats) rounds x [off, S(V_2), ..., S(V_n), S'(W_2), ...]
@@ -29,12 +29,11 @@ a few minutes. No EOS (the rows must stay B); the call stops after its steps
                                  every row; one that reads an aggregate costs the batch-1 row)
 
 Why the engine's own steps and not stand-ins (one timed head forward and one timed target forward
-over B copies of one path): they missed the engine's per-row work, and the closed-batch check
-(BENCHMARKS log R4) found the engine's speculative steps 15-60 % dearer than they predicted. Why
+over B copies of one path): they miss the engine's per-row work (each row's own path compacted,
+its features stored), which grows with B and V, so they underrate speculative steps at B > 1. Why
 not a tight loop even at batch 1: on a CPU the same forward timed in a loop (hot caches, no draft
-work in between; `profile --isolated` keeps it as ops verify_isolated / draft_isolated) ran 13-15 %
-faster than inside real decoding, and the simulator overrated every method by that much
-(BENCHMARKS.md, E).
+work in between; `profile --isolated` keeps it as ops verify_isolated / draft_isolated) runs 13-15 %
+faster than inside real decoding, and a simulator fed by it overrates every method by that much.
 """
 from __future__ import annotations
 

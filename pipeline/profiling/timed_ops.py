@@ -23,7 +23,7 @@ import torch
 
 from pipeline.decode.controller import pool_size
 from pipeline.decode.draft import additive
-from pipeline.decode.head import Eagle3Head
+from pipeline.models.head import Eagle3Head
 from pipeline.runtime.clock import DeviceClock
 from pipeline.decode.tree import tree_mask
 from pipeline.errors import DraftGymError

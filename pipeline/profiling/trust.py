@@ -4,10 +4,10 @@ A cell is one LATENCY row: an op (`verify`, `draft_step`) at one (W or V, contex
 the statistics of its timing samples. Two signs that a cell measured something else than the engine
 (a second job on the cores, a GPU shared with another process, a clock step):
 
-    wild     p90 / p10 > SPREAD_MAX. Clean profiles stay well under it: the demo's profiles on the
-             2-core EPYC (fp32, 2026-11-26) spread 1.02-1.25 (verify) and 1.37-1.94 (draft_step);
-             the cell that misled `tune` (a second job sharing the cores) spread 17x
-             (p10 90 ms, median 1,531 ms).
+    wild     p90 / p10 > SPREAD_MAX. Clean profiles stay well under it: the demo's profiles on a
+             quiet 2-core EPYC (fp32) spread 1.02-1.25 (verify) and 1.37-1.94 (draft_step), while
+             a second job sharing the cores can spread a cell 17x (p10 90 ms, median 1,531 ms)
+             and mislead `tune`.
     physics  a verify of more tokens, or a step over more rows, costs more: a cell whose median
              exceeds the median of a cell with a larger V (same B, c) or a larger B (same op, W or V,
              c) by more than SLACK is suspect. The slower cell is blamed: interference only ever
@@ -15,7 +15,7 @@ the statistics of its timing samples. Two signs that a cell measured something e
 
 `draftgym profile` re-measures a suspect cell once (pipeline/profiling/profile.py, batched.py);
 `tune`, `serve-eval` and `train-load` leave any that stayed suspect out of the latency model and name
-them in one line (simulator/latency_model.py, `trust=True`), unless they are every cell of their op
+them in one line (simulator/latency/model.py, `trust=True`), unless they are every cell of their op
 at that B (`trusted_out`: then nothing would be left to interpolate from, and they stay). Policy, overhead and prefill rows are not
 judged: no shape decision rests on their spread, and their sizes are not ordered.
 """

@@ -1,7 +1,7 @@
 """Which SDPA kernels attention may run on: chosen here, never left to PyTorch's default order.
 
 Why. Every attention of the target and the head goes through `torch.nn.functional.
-scaled_dot_product_attention` (transformers' `sdpa`, `pipeline/decode/attention.py`, the head's
+scaled_dot_product_attention` (transformers' `sdpa`, `pipeline/models/attention.py`, the head's
 `gqa_attention`). On Hopper GPUs torch's default order tries cuDNN's attention first, and cuDNN
 builds a new execution plan for every new shape. EAGLE-3 changes shape at every call (each draft
 level's key span grows, each verify has its own V and context), so on an H100 with the Llama-3.1-8B

@@ -2,11 +2,11 @@
 
 Why this exists. On a CPU, `torch.nn.functional.linear` in fp32 goes to MKL's sgemm. On the AMD
 EPYC (Zen 5) box this project runs on, MKL takes a slow path for a few rows: the target's lm_head
-(49152 x 576) costs 7.9 ms for 1 row, 16.1 ms for 2 and 16.4 ms for 8. A verify of 2-8 tokens
-therefore cost 1.5-1.9x an AR step, which is an artefact of the kernel and not of the hardware.
-oneDNN, with the weight reordered once into its blocked layout, takes 2.0 / 2.3 / 2.8 ms for the
-same shapes, and the 2-8 token verify costs 1.2-1.3x an AR step (BENCHMARKS.md F1;
-`docs/adhoc/linear_backends_matmul.py`, `docs/adhoc/linear_backends.py`). It is the kernel
+(49152 x 576) costs 7.9 ms for 1 row, 16.1 ms for 2 and 16.4 ms for 8, so a verify of 2-8 tokens
+costs 1.5-1.9x an AR step, an artefact of the kernel and not of the hardware. oneDNN, with the
+weight reordered once into its blocked layout, takes 2.0 / 2.3 / 2.8 ms for the same shapes, and
+the 2-8 token verify costs 1.2-1.3x an AR step (`docs/adhoc/linear_backends_matmul.py`,
+`docs/adhoc/linear_backends.py` measure both). It is the kernel
 PyTorch's own compiler (Inductor, with freezing) uses for CPU linears.
 
 Both autoregressive decoding and speculative decoding run through the same packed model, so the

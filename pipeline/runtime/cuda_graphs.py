@@ -8,12 +8,12 @@ records the kernels of one call once and replays them with one launch.
 A graph replays fixed device addresses and shapes, so a part is graphed only when
 
     * every shape it creates follows from its key (the caller buckets what varies: the key span,
-      the pending entries; pipeline/decode/batch_engine.py),
+      the pending entries; pipeline/decode/batch/engine.py),
     * its per-call inputs are small tensors, copied into the graph's own input buffers before each
       replay (`run(key, fn, *inputs)`), and every other tensor it touches (caches, stores, weights)
       is named by the key (the caller puts their data_ptrs in it): a graph never writes to memory
       that is not where it was when it was captured,
-    * it reads nothing back to the host (tests/test_host_reads.py, tests/test_compile_step.py).
+    * it reads nothing back to the host (tests/pipeline/runtime/test_host_reads.py, tests/pipeline/decode/test_compile_step.py).
 
 First call of a key: `fn` runs eagerly (the real work of that call, and the warm-up capture needs),
 then it is captured; later calls replay it and return its output tensors, which the next replay of

@@ -36,7 +36,7 @@ def device_name(device: torch.device | str | None = None, dtype: torch.dtype | s
     """'cpu (N threads, <processor>, <onednn|torch> linear)' or the CUDA device name, e.g. 'NVIDIA H100 80GB HBM3';
     with `dtype`, followed by ' [bfloat16]' (etc.). The dtype is part of the name because it changes both
     the speed and the rounding: a latency profile belongs to one (device, dtype), and fp32 and bf16
-    profiles of one machine must never mix (simulator.latency_model refuses to)."""
+    profiles of one machine must never mix (simulator.latency.model refuses to)."""
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     suffix = f" [{dtype_name(dtype)}]" if dtype is not None else ""
     if device.type == "cuda":

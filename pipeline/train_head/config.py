@@ -29,7 +29,7 @@ class TrainConfig:
     n_prompts: int = 2000                    # train-split prompts in total, shared evenly (water-filling)
     max_prompt_tokens: int = 256             # longer prompts are skipped (never truncated)
     max_new_tokens: int = 256                # regenerated answer length (greedy)
-    gen_batch_size: int = 64                 # prompts per batched generate call (BENCHMARKS H5)
+    gen_batch_size: int = 64                 # prompts per batched generate call (tokens/s still grows up to 64)
     gen_dtype: str = "bfloat16"              # dtype of the generation copy of the target
     regen_budget_min: float | None = None    # stop regenerating after this long and train on what is done
     reference_prompts: int = 0               # extra train prompts trained on with the dataset's own reference
@@ -39,7 +39,7 @@ class TrainConfig:
     # -- head
     draft_vocab_size: int = 8192
     intermediate_size: int | None = None     # None: the target's (smaller trains faster; recorded in config)
-    init: str = "passthrough"                # 'passthrough' | 'target' | 'random' (build_head; BENCHMARKS.md I)
+    init: str = "passthrough"                # 'passthrough' | 'target' | 'random' (see build_head)
     init_from: str | None = None             # warm start from a saved head (its weights and draft vocabulary;
                                              # a new schedule and optimizer): how a run goes on where its
                                              # checkpoint is gone (another machine), from the committed head

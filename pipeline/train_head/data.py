@@ -92,7 +92,7 @@ def select_prompts(cfg: TrainConfig, tokenizer, split: str = "train", n_total: i
 def _encoded(recs, tokenizer, max_prompt_tokens: int):
     """(record, prompt ids) of the records whose prompt encodes within max_prompt_tokens, in order
     (lazily: a caller taking n of them encodes no more than it needs)."""
-    from pipeline.decode.target import encode_prompt
+    from pipeline.models.target import encode_prompt
 
     for r in recs:
         try:
@@ -121,8 +121,8 @@ def regenerate(target, prompts: list[dict], cfg: TrainConfig, path: Path, progre
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
-    from pipeline.decode.batch_generate import generate_batch
-    from pipeline.decode.target import resolve_dtype
+    from pipeline.decode.continuations import generate_batch
+    from pipeline.models.target import resolve_dtype
 
     done = _read_jsonl_tolerant(path)
     todo = [p for p in prompts if p["prompt_id"] not in done]
@@ -184,7 +184,7 @@ def regenerate(target, prompts: list[dict], cfg: TrainConfig, path: Path, progre
                         if (n_done[0] // cfg.gen_batch_size) % 5 == 1:
                             _log(f"regenerated {n_done[0]}/{len(todo)} ({n_tok[0]} tokens, {rate:.0f} tok/s)")
 
-                # batched greedy decoding, cut after the first EOS (pipeline/decode/batch_generate.py): a finished
+                # batched greedy decoding, cut after the first EOS (pipeline/decode/continuations.py): a finished
                 # row's slot is refilled from the queue at once, so no row waits for the longest answer
                 generate_batch(model, [p["prompt_ids"] for p in todo], cfg.max_new_tokens, 0.0, 0, eos,
                                batch_size=cfg.gen_batch_size, on_result=write, stop_refill=budget_spent)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.train_head.data import TrainSequence
-from pipeline.decode.target import base_model
+from pipeline.models.target import base_model
 from pipeline.runtime.atomic import atomic_write, atomic_write_text
 from pipeline.train_head.config import _hash
 

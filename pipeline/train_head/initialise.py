@@ -8,8 +8,8 @@ import torch
 
 from pipeline.train_head.data import TrainSequence
 from pipeline.errors import DraftGymError
-from pipeline.decode.head import Eagle3Head, random_head
-from pipeline.decode.target import base_model
+from pipeline.models.head import Eagle3Head, random_head
+from pipeline.models.target import base_model
 from pipeline.train_head.config import TrainConfig
 from pipeline.train_head.ttt import ttt_loss
 
@@ -61,7 +61,7 @@ def build_head(target_model, vocab_ids: torch.Tensor, cfg: TrainConfig) -> Eagle
       scale of the target's final norm (`norm_scale`; the head's hidden state lives in the target's
       residual space, since fc fuses target layers). The other weights stay random, so at step 0 the
       logits are the target's output layer applied to a random fused direction: sharp and wrong
-      (measured: BENCHMARKS.md I).
+      (a step-0 cross-entropy several times that of the uniform guess).
     - 'passthrough': 'target', plus fc = [0 | 0 | I] (it passes the highest fused target layer through
       unchanged) and o_proj = down_proj = 0, so at initialisation the head's output g_t is that layer's
       hidden state and its logits are the target's own output layer read from layer L-3 (the "logit

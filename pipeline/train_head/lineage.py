@@ -140,7 +140,7 @@ def lineage_table(runs: list[dict]) -> list[str]:
 
 def run_head_report_command(cfg: HeadReportConfig) -> int:
     """Print the lineage table and write the held-out curve plot (to `report_png`, outside the head)."""
-    from pipeline.decode.head import resolve_head_dir
+    from pipeline.models.head import resolve_head_dir
 
     d = resolve_head_dir(cfg.head)
     m = _read_manifest(d)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.decode.head import num_params, resolve_head_dir, save_head
+from pipeline.models.head import num_params, resolve_head_dir, save_head
 from pipeline.runtime.atomic import atomic_write_text
 from pipeline.train_head.batches import make_batches, pad_batch
 from pipeline.train_head.checkpoint import TrainState, check_start, load_checkpoint, save_checkpoint

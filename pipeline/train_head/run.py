@@ -113,7 +113,7 @@ def _build_head(cfg: TrainConfig, target_model, train_seqs: list[TrainSequence],
     vocab_ids, vocab_stats = build_draft_vocab(train_seqs, cfg.draft_vocab_size, vocab_size)
     warm = None
     if cfg.init_from:   # warm start: the head's weights and its own draft vocabulary
-        from pipeline.decode.head import load_head
+        from pipeline.models.head import load_head
         warm = load_head(cfg.init_from, target_model, dtype=torch.float32)
         vocab_ids = warm.draft_to_target(torch.arange(warm.cfg.draft_vocab_size, device=warm.d2t.device)).cpu()
         vocab_stats = {**vocab_stats, "draft_vocab_from": str(cfg.init_from)}

@@ -7,7 +7,7 @@ One module per stage: data and self-distillation (pipeline/train_head/data.py), 
 (pipeline/train_head/checkpoint.py), the training loop (pipeline/train_head/loop.py), and the command here:
 
   1. Self-distillation. The target regenerates greedy answers to the train-split prompts (batched,
-     `pipeline.decode.batch_generate`: slots refilled from the queue). Answers are appended to a JSONL cache
+     `pipeline.decode.continuations`: slots refilled from the queue). Answers are appended to a JSONL cache
      per generation setting, so a killed run resumes where it stopped. Before training, the
      sequences are frozen into one Parquet of token ids (`dataset-<hash>.parquet` in the work dir,
      its sha256 in the manifest); `--data` trains on such a file without any regeneration.
@@ -60,7 +60,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from pipeline.decode.head import resolve_head_dir
+from pipeline.models.head import resolve_head_dir
 from pipeline.errors import DraftGymError
 from pipeline.train_head.config import TrainConfig, _hash, _log, _slug
 from pipeline.train_head.data import (TrainSequence, default_work_dir, freeze_sequences, load_frozen, regenerate,
@@ -76,7 +76,7 @@ def _gen_key(cfg: TrainConfig) -> str:
 def run_train_draft(cfg: TrainConfig, progress_bar: bool = True) -> dict:
     """The whole command: load the target, regenerate answers (or read a frozen dataset), freeze the
     data, train, save."""
-    from pipeline.decode.target import load_target
+    from pipeline.models.target import load_target
 
     cfg.validate()
     t0 = time.time()

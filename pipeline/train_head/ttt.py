@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.decode.arch import output_logits
-from pipeline.decode.head import Eagle3Head
+from pipeline.models.arch import output_logits
+from pipeline.models.head import Eagle3Head
 from pipeline.train_head.batches import make_batches, pad_batch
 from pipeline.train_head.config import TrainConfig
 from pipeline.train_head.features import batch_features
@@ -36,7 +36,7 @@ def ttt_loss(head: Eagle3Head, ids: torch.Tensor, lens: torch.Tensor, prompt_len
     fused [B, T, 3H_t]; final [B, T, H_t] (target's normed last hidden); argmax [B, T] (target's
     full-vocab argmax); lm_w_draft [Vd, H_t] (target output rows of the draft vocabulary);
     t2draft [vocab] (draft index or -1); target_config: the target's config, whose transform of the
-    lm_head's logits (Gemma-2's soft-capping: pipeline.decode.arch.output_logits) the labels get too.
+    lm_head's logits (Gemma-2's soft-capping: pipeline.models.arch.output_logits) the labels get too.
     Returns (weighted loss, per-step loss list, per-step (correct, count) list). With `capture` (a list),
     appends per step (indices t, logits [B, len(t), Vd]).
 

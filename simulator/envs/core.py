@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline import metrics as M
 from simulator.observations import paper as obs
 from simulator.observations import rich
-from simulator.latency_model import LatencyModel
-from simulator.logs.load import ReplayLogs
+from simulator.latency.model import LatencyModel
+from simulator.logs.replay_logs import ReplayLogs
 from simulator.replay import cycle_time
 
 RESPS_VERIFY = (32, 48, 64, 80, 96, 128)
@@ -216,7 +217,7 @@ class _ReplayCore:
         tok, tim = self.ep["tokens"][end], self.ep["time"][end]
         for j, e in enumerate(end):
             self.finished.append({"return": float(self.ep["return"][e]), "tokens_per_s": float(tok[j] / max(tim[j], 1e-12)),
-                                  "tau": float(tok[j] / max(self.ep["cycles"][e], 1)), "cycles": int(self.ep["cycles"][e]),
+                                  "tau": float(M.tau(tok[j], self.ep["cycles"][e])), "cycles": int(self.ep["cycles"][e]),
                                   "steps": int(self.ep["steps"][e]), "tokens": float(tok[j]), "time": float(tim[j])})
         if len(self.finished) > 100_000:
             del self.finished[: len(self.finished) - 100_000]

@@ -56,8 +56,8 @@ import numpy as np
 from simulator.observations import paper as obs
 from simulator.observations import rich
 from simulator.envs.core import EnvConfig, _ReplayCore, resps_shapes  # noqa: F401 (resps_shapes: re-exported)
-from simulator.latency_model import LatencyModel
-from simulator.logs.load import ReplayLogs
+from simulator.latency.model import LatencyModel
+from simulator.logs.replay_logs import ReplayLogs
 
 
 # ------------------------------------------------------------------ depth (LTD)

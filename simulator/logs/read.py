@@ -10,7 +10,7 @@ the positions rows of those sequences per width, as numpy arrays in file order:
     tail [n, Dmax, W*W - W] float16 (version 3; pipeline/logs/candidates.py)
     dist [n, Dmax, Dmax+1] float32 or None (not logged)
 
-simulator.logs.load orders them by (sequence, position), checks the coverage and builds ReplayLogs.
+simulator.logs.replay_logs orders them by (sequence, position), checks the coverage and builds ReplayLogs.
 Every file read goes through `pipeline.logs.schema.read_table` (checked): a corrupt, truncated or
 foreign file raises a one-line `DataError`; so do missing tables, selections the logs do not hold
 and inconsistent configs.
@@ -79,7 +79,7 @@ def read_logs(root: str | Path, model: str | None = None, temperature: float | N
               datasets: list[str] | str | None = None, split: str | list[str] | None = None,
               width: int | None = None, widths: list[int] | None = None, dtype: str | None = None) -> LogRows:
     """The checked rows of one (model, temperature, dtype) for the given datasets, split(s), width(s)
-    (the arguments of simulator.logs.load.load_logs)."""
+    (the arguments of simulator.logs.replay_logs.load_logs)."""
     sel = select_logs(root, model, temperature, datasets, split, width, widths, dtype)
     return sel.read(position_files(sel))
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from pipeline.errors import DataError
 from pipeline.logs.schema import check_file, prompt_hash, read_table
-from simulator.logs.load import ReplayLogs, assemble
+from simulator.logs.replay_logs import ReplayLogs, assemble
 from simulator.logs.read import partition_values, position_files, select_logs
 
 DEFAULT_MAX_POSITIONS = 500_000      # rows per chunk / window: ~3 GB of replay arrays at W = 10 (docs/design.md)

@@ -15,7 +15,7 @@ is a small, calibrated model of EAGLE's tree drafting, so policies have real sig
                proposes W children (score = beam score + child log-prob), the best W of the W*W
                become the next beams. Pool = W + (D-1) W^2 nodes in depth-major order.
   acceptance   L[D, V] = number of on-path nodes (depth <= D) ranked within the top V-1 of
-               pool(D) (stable order), exactly as `pipeline.collect.prompt.acceptance_table`; then made
+               pool(D) (stable order), exactly as `pipeline.collect.acceptance.acceptance_table`; then made
                monotone in D with a running max (real logs need not be monotone in D; the
                simulator never assumes it). Monotone in V and L <= D hold by construction.
 

@@ -22,7 +22,7 @@ What is appended (after the paper vector, in this order):
 The same `AcceptanceHistory` object type runs in the replay env (updated when a cycle finishes),
 in the policies' hooks during replay and online (updated in plan() from the previous cycle's
 record), so a policy sees the same numbers in training, in replay and in the engine
-(tests/test_obs_rich.py checks env == replay hooks == online controller).
+(tests/simulator/test_obs_rich.py checks env == replay hooks == online controller).
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ class AcceptanceHistory:
 
     def features_one(self) -> np.ndarray:
         """features(0) [4], built once per cycle: the online controller reads it at every draft
-        forward and at the size decision, and np.stack cost ~30 us per call there (section N3)."""
+        forward and at the size decision, and np.stack costs ~30 us per call there."""
         if self._one is None:
             self._one = self.features(0)
         return self._one

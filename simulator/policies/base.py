@@ -8,7 +8,7 @@ A `Policy` has the engine's four hooks, batched over many independent generation
     verify_size(PoolBatch, V) -> V[n]   once before verification (size policies)
     observe(env, record)                after the cycle (numpy arrays keyed like CycleRecord)
 
-Batch-1 fast paths (optional): the online controller (online.policy_adapter.PolicyController,
+Batch-1 fast paths (optional): the online controller (online.adapters.policy.PolicyController,
 n = 1) calls these instead of the batched hooks when a policy defines them. They must make the same
 decisions from the same observations (observations.*_one / *_parts are bit-equal to the batched
 builders; tests check both):
@@ -27,13 +27,13 @@ StepRecord at B = 1), so an online adapter feeds the same policy with n = 1; obs
 always built by `simulator.observations.paper`.
 
 Where each policy lives, one module per method (CleanRL style: a method's policy reads in one place):
-    simulator/policies/ltd.py      LTD: MLP depth policy (STOP/CONTINUE) and MLP size policy (V)
-    simulator/policies/radar.py    RADAR: LSTM over per-call confidences, STOP/CONTINUE
-    simulator/policies/resps.py    Re-SpS: MLP over (V, D, W) shapes, held for N cycles
-    simulator/policies/resps_load.py  load-aware Re-SpS at batch B: the shape of a serving step (no batch-1 hooks)
+    simulator/methods/ltd/policy.py      LTD: MLP depth policy (STOP/CONTINUE) and MLP size policy (V)
+    simulator/methods/radar/policy.py    RADAR: LSTM over per-call confidences, STOP/CONTINUE
+    simulator/methods/resps/policy.py    Re-SpS: MLP over (V, D, W) shapes, held for N cycles
+    simulator/methods/resps/serving_policy.py  load-aware Re-SpS at batch B: the shape of a serving step (no batch-1 hooks)
     simulator/baselines.py       static, grid search, DDD, entropy stop, goodput, random, oracle
     simulator/policies/nets.py            the MLP builder, input normalisation, numpy batch-1 forwards
-    simulator/policies/checkpoint.py      checkpoints (save / load) and `load_policy(spec)`
+    simulator/methods/checkpoint.py      checkpoints (save / load) and `load_policy(spec)`
 """
 from __future__ import annotations
 

@@ -84,8 +84,8 @@ class NumpyMLP(_NumpyCopy):
 
     Same weights and the same function as the torch module, up to float rounding (the tests check
     logits to 1e-5 and the argmax). Why: inside decoding every call sits between two cache-flushing
-    verify forwards, and torch's per-op dispatch (~10 us per op, cold) cost LTD 1.5 % of decode
-    time (BENCHMARKS.md E2); numpy's is ~1 us.
+    verify forwards, and torch's per-op dispatch (~10 us per op, cold) costs LTD about 1.5 % of
+    decode time; numpy's is ~1 us.
 
     `live`: when the input's columns [live, in - tail) are known to hold one constant vector `pad`
     (LTD's size observation: levels deeper than the drafted depth are SCORE_FLOOR), the first layer

@@ -11,7 +11,7 @@ serving step, replay.ShapeTable's acceptance and step time):
               drawn (sequence, position), queue empty; `episode_decisions` decisions, then truncated
     boundary  requests arrived by t wait in the queue and take free slots (lowest first) at a step
               boundary; with no active row the clock jumps to the next arrival (idle time is not
-              busy time, as in metrics.throughput)
+              busy time, as in metrics.tokens_per_s)
     action    a in 0..A-1: the shape of the next `hold` = N steps (engines switch between prepared
               CUDA-graph states; Re-SpS holds its action too); one env step = one decision = N steps
     cost      every step t(s, B, c) at the batch's step context (LatencyModel.step_context); the decision's step also pays the

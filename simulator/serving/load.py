@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import DataError
-from simulator.serving.choosers import Chooser, StepView
+from simulator.serving.choosers.base import Chooser, StepView
 from simulator.serving.replay import ShapeTable, request_sequences
 
 

@@ -1,4 +1,4 @@
-"""Serving metrics, defined once (docs/serving.md):
+"""Serving metrics, defined once (docs/serving.md; tau and tokens/s themselves are pipeline/metrics.py's):
 
     throughput     sum over steps of sum_r e_r  /  sum of step times       (tokens/s; idle time excluded)
     wall rate      the same tokens over the makespan, first arrival to last finish
@@ -21,13 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def throughput(tokens, seconds) -> np.ndarray:
-    return np.asarray(tokens, np.float64) / np.maximum(np.asarray(seconds, np.float64), 1e-12)
-
-
-def tau(tokens, row_steps) -> np.ndarray:
-    return np.asarray(tokens, np.float64) / np.maximum(np.asarray(row_steps, np.float64), 1)
+from pipeline.metrics import tau, tokens_per_s
 
 
 def drafts_per_step(drafted, row_steps) -> np.ndarray:
@@ -56,7 +50,7 @@ def summarize(res, tpot_target: float | None = None) -> dict:
     q = res.join - res.arrival
     span = float(res.finish.max() - res.arrival.min()) if len(res.finish) else 0.0
     out = {"requests": int(len(res.tokens)), "tokens": int(tok), "steps": steps, "busy_s": busy,
-           "tokens_per_s": float(throughput(tok, busy)), "wall_tokens_per_s": float(throughput(tok, span)),
+           "tokens_per_s": float(tokens_per_s(tok, busy)), "wall_tokens_per_s": float(tokens_per_s(tok, span)),
            "tau": float(tau(tok, row_steps)), "drafts_per_step": float(drafts_per_step(res.step_drafted.sum(), row_steps)),
            "mean_batch": row_steps / max(steps, 1), "max_batch": int(res.step_batch.max()) if steps else 0,
            "tpot_mean_s": float(np.nanmean(tp)) if len(tp) else float("nan"),

@@ -1,12 +1,12 @@
 """The load-aware observation: what a serving step's shape policy sees (simulator/serving/env.py
-trains on it, simulator/serving/learned.py replays it; docs/serving.md, "Learned load-aware policies").
+trains on it, simulator/serving/choosers/learned.py replays it; docs/serving.md, "Learned load-aware policies").
 
 One vector per batch, built by ONE function (`load_obs`) from padded per-row arrays [n, M] and a mask,
 M = max_batch; the replay env passes its slot state ([n envs, M]), the load replay and a batched
 engine pass one batch ([1, M], `step_obs`), so the two are the same numbers (a test checks it). The
 replay reads the confidences from the logs' rows; the batched engine measures s_r(1) itself (the
 top-1 log-prob of the roots' pending draft forward: StepContext.confidence), so on the device
-only k <= 1 can be observed (online/chooser_adapter.py).
+only k <= 1 can be observed (online/adapters/chooser.py).
 
     index  feature                                   scale            when the engine has it
     0      B / M                                     rows             before drafting (the scheduler)
@@ -130,7 +130,7 @@ def step_obs(spec: LoadObsSpec, logs, rows, context_len, queued: int, ema: float
     StepView and a batched engine hold): padded to M and passed to `load_obs`.
 
     The confidences [B, k] are the logs' (`confidences(logs, spec, rows)`, the replay) unless `conf`
-    gives them (the device: the engine's measured s_r(1), online/chooser_adapter.py; `logs` and
+    gives them (the device: the engine's measured s_r(1), online/adapters/chooser.py; `logs` and
     `rows` are then read for nothing but B); either way cleaned by the same `clean_scores`."""
     rows = np.asarray(rows, np.int64)
     B, M, k = len(rows), spec.max_batch, spec.confidence_depth

@@ -11,9 +11,8 @@ and the data each one plots:
                                         over every tuned candidate's tokens/s (the schedule's shapes and
                                         off in colour, the rest grey)
     (c) each method against the arrival rate
-        rate_sweep(cfg, rates)          `draftgym serve-eval` (evaluate.serve_eval) at each rate alone:
-                                        tokens/s, x AR, mean TPOT and mean batch per method and rate
-        plot_rate_sweep(sweep)          tokens/s and mean TPOT against the rate, one line per method
+        plot_rate_sweep(sweep)          tokens/s and mean TPOT against the rate, one line per method, from
+                                        simulator/serve_eval.py's rate_sweep(cfg, rates)
 
 and what the notebook replays:
 
@@ -27,7 +26,6 @@ label, so tests read the figure back.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -177,37 +175,6 @@ def plot_schedule(schedule, title: str = ""):
 
 # ------------------------------------------------------------------ (c) methods against the arrival rate
 
-FIGURES = ("tokens_per_s", "x_ar", "tpot_mean_s", "mean_batch", "goodput_tokens_per_s")
-
-
-def method_name(name: str) -> str:
-    """The method's name without what varies with the load ("best static (chain:3)" -> "best static")."""
-    return "best static" if name.startswith("best static") else name
-
-
-def rate_sweep(cfg, rates) -> dict:
-    """evaluate.serve_eval once per arrival rate, every other setting of cfg (a ServeEvalConfig) kept:
-    {"rates" [k], "methods" {name: {figure: [k]}} (FIGURES), "best_static" [k] labels, "notes"}.
-    Pass cfg.schedule (and cfg.max_batch) to replay one schedule at every rate instead of tuning one
-    per call. Each rate is its own load (cfg.requests_per_rate Poisson requests), so a method's
-    tokens/s at a rate is its steady figure there, not a stretch of one long sweep."""
-    from simulator.serving.evaluate import serve_eval
-
-    rates = [float(r) for r in rates]
-    if not rates:
-        raise DataError("rate_sweep needs at least one rate")
-    out = {"rates": rates, "methods": {}, "best_static": [], "notes": []}
-    for k, r in enumerate(rates):
-        rep = serve_eval(dataclasses.replace(cfg, rates=repr(r), trace=None, write_trace=None))
-        out["best_static"].append(rep["best_static"])
-        out["notes"] += [n for n in rep["notes"] if n not in out["notes"]]
-        for row in rep["rows"]:
-            m = out["methods"].setdefault(method_name(row["name"]), {f: [math.nan] * len(rates) for f in FIGURES})
-            for f in FIGURES:
-                m[f][k] = float(row.get(f, math.nan))
-    return out
-
-
 def plot_rate_sweep(sweep: dict, title: str = ""):
     """Left: tokens/s (busy time) against the arrival rate; right: mean TPOT (ms). One line per method."""
     from matplotlib.figure import Figure
@@ -243,8 +210,8 @@ SYNTHETIC = dict(n_sequences=10, widths=(1, 10), new_tokens=(24, 64), max_depth=
 def why_not(root) -> str | None:
     """Why the logs under root cannot drive the serving figures (None when they can): missing or
     unreadable, no width-1 positions (chains), a latency profile at batch 1 only, no test sequences."""
-    from simulator.latency_model import LatencyModel
-    from simulator.logs.load import load_logs
+    from simulator.latency.model import LatencyModel
+    from simulator.logs.replay_logs import load_logs
 
     try:
         logs = load_logs(root, widths="all", split="all")
@@ -263,7 +230,7 @@ def why_not(root) -> str | None:
 
 def tune_split_of(root) -> str:
     """'val' when the logs have val sequences, else 'train' (`make demo` collects train and test only)."""
-    from simulator.logs.load import load_logs
+    from simulator.logs.replay_logs import load_logs
 
     return "val" if "val" in set(load_logs(root, split="all").split.tolist()) else "train"
 

@@ -159,5 +159,5 @@ def closed_batch(logs, latency, table: ShapeTable, batch: int, n_requests: int |
         live = live[~(fin & ~refill).any(1)]                      # a slot left empty closes the window
     drafted = row_steps * table.drafts(idx)
     return {"shapes": idx, "tokens": tokens, "time": time, "row_steps": row_steps, "steps": steps,
-            "tokens_per_s": metrics.throughput(tokens, time), "tau": metrics.tau(tokens, row_steps),
+            "tokens_per_s": metrics.tokens_per_s(tokens, time), "tau": metrics.tau(tokens, row_steps),
             "drafts_per_step": metrics.drafts_per_step(drafted, row_steps)}

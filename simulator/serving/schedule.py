@@ -5,7 +5,7 @@
 A batch of B rows runs the shape of the range holding B; beyond the last range, the last shape.
 This is the form of vLLM's `num_speculative_tokens_per_batch_size` ([[start_bs, end_bs, K], ...],
 docs/features/speculative_decoding/dynamic_speculative_decoding.md in the vLLM repository) and of
-SGLang's adaptive tiers (one tier per lower bound); simulator/serving/export.py writes both.
+SGLang's adaptive tiers (one tier per lower bound); simulator/serving/formats/export.py writes both.
 
 From tuned batch sizes (`from_choices`): the shape found best at B_i holds from B_i to
 B_{i+1} - 1 (the first from 1, the last up to `max_batch`), and neighbouring ranges with the same

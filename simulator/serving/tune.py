@@ -46,7 +46,7 @@ import numpy as np
 
 from pipeline.cliargs import parse_positive_ints
 from pipeline.errors import DataError
-from simulator.latency_model import LatencyModel
+from simulator.latency.model import LatencyModel
 from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
 from simulator.serving import metrics as M
 from simulator.serving import shapes as S
@@ -120,7 +120,7 @@ def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_bat
     shapes = [S.canonical(s) for s in shapes]
     parts = parts if parts is not None else [tune_part(logs, latency, bs, shapes, requests_per_slot)]
     tot = {k: sum(p[k] for p in parts) for k in ("tokens", "time", "row_steps", "drafted")}
-    tps = M.throughput(tot["tokens"], tot["time"])                                  # [n, A]
+    tps = M.tokens_per_s(tot["tokens"], tot["time"])                                  # [n, A]
     best = [shapes[int(np.argmax(row))] for row in tps]
     n_seq = sum(p["sequences"] for p in parts)
     tuning = {"batch_sizes": bs, "shapes": [S.label(s) for s in shapes], "tokens_per_s": tps.round(6).tolist()}
@@ -216,7 +216,7 @@ def plot_curves(res: dict, path) -> None:
 
 def profiled_candidates(logs, latency, which: str = "all") -> tuple[list, str | None]:
     """shapes.candidates, less the shapes whose V or W lies beyond the profile's measured range: the
-    latency model holds time flat there (simulator/latency_surface.py), so a V = 240 tree would cost
+    latency model holds time flat there (simulator/latency/surface.py), so a V = 240 tree would cost
     what the largest profiled V costs and win on paper. Returns (shapes, a note naming what was left
     out, or None)."""
     cands = S.candidates(logs, which)

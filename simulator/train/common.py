@@ -1,5 +1,5 @@
 """What the three trainers share: `draftgym train`'s settings (PolicyTrainConfig), what each method
-gives the one training entry (TrainMethod, run by simulator/train/run.py), loading train/val logs +
+gives the one training entry (TrainMethod, run by simulator/methods/run.py), loading train/val logs +
 latency, validation, greedy wrappers, output."""
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from typing import Callable
 import numpy as np
 
 from pipeline.errors import DataError, DraftGymError
-from simulator.latency_model import LatencyModel
-from simulator.logs.load import ReplayLogs
+from simulator.latency.model import LatencyModel
+from simulator.logs.replay_logs import ReplayLogs
 from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
 
 
 @dataclass
 class PolicyTrainConfig:
-    """`draftgym train`: a policy trained in the replay simulator (simulator.train.run.run_trainer).
+    """`draftgym train`: a policy trained in the replay simulator (simulator.methods.run.run_trainer).
     A method's own hyperparameters are its config (LTDConfig, RadarConfig, RespsConfig), built from
     this by its TrainMethod.configure."""
 
@@ -49,8 +49,8 @@ class PolicyTrainConfig:
     max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
 
     def __post_init__(self):
-        """Out-of-range settings in one line, before any log is read: `--steps 0` used to train the
-        method's default budget (0 read as 'unset') and `--steps -5` one update that exited 0."""
+        """Out-of-range settings in one line, before any log is read: else `--steps 0` would train the
+        method's default budget (0 read as 'unset') and `--steps -5` one update that exits 0."""
         for flag, v in (("--steps", self.steps), ("--n-envs", self.n_envs), ("--width", self.width),
                         ("--verify-size", self.verify_size), ("--max-positions-in-memory", self.max_positions_in_memory)):
             if v is not None and int(v) < 1:

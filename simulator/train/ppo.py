@@ -36,7 +36,7 @@ class PPOConfig:
     n_steps: int = 8                       # rollout buffer n_envs * n_steps = 2048 (LTD)
     minibatch: int = 256                   # LTD
     epochs: int = 20                       # LTD: 20 epochs per update
-    gamma: float = 0.999                   # LTD depth 0.999 (size 0.9; see train_ltd)
+    gamma: float = 0.999                   # LTD depth 0.999 (size 0.9; see simulator/methods/ltd/train.py)
     gae_lambda: float = 0.95               # SB3 default
     clip: float = 0.2
     ent_coef: float = 0.01                 # LTD
@@ -97,7 +97,6 @@ def ppo_train(env, cfg: PPOConfig, actor=None, critic=None, validate=None, desc:
     run's k-th part begins (common.window_starts); the episodes the last rollout left open end there,
     bootstrapped from their value as at any rollout's end, and the new env starts from a reset."""
     import torch
-    import torch.nn as nn
     from tqdm import tqdm
 
     from simulator.policies.nets import build_net
@@ -177,29 +176,17 @@ def ppo_train(env, cfg: PPOConfig, actor=None, critic=None, validate=None, desc:
         flp = torch.from_numpy(buf_lp.reshape(batch))
         fadv = torch.from_numpy(adv.reshape(batch))
         fret = torch.from_numpy(ret.reshape(batch))
-        stats = []
-        for _ in range(cfg.epochs):
-            perm = torch.from_numpy(rng.permutation(batch))
-            for s in range(0, batch, cfg.minibatch):
-                mb = perm[s: s + cfg.minibatch]
-                x_mb = fo[mb]                                          # [B, obs_dim]
-                with autocast():
-                    logits, value = actor(x_mb), critic(x_mb)
-                logp = logits.float().log_softmax(-1)                  # [B, A] log pi(. | s)
-                lp = logp.gather(1, fa[mb, None]).squeeze(1)           # [B]  log pi(a | s)
-                ratio = (lp - flp[mb]).exp()                           # pi / pi_old
-                a_mb = fadv[mb]
-                a_mb = (a_mb - a_mb.mean()) / (a_mb.std() + 1e-8)
-                pg = torch.max(-a_mb * ratio, -a_mb * ratio.clamp(1 - cfg.clip, 1 + cfg.clip)).mean()
-                vl = 0.5 * (value.float().squeeze(-1) - fret[mb]).pow(2).mean()
-                ent = -(logp.exp() * logp).sum(-1).mean()              # H(pi(. | s))
-                loss = pg + cfg.vf_coef * vl - cfg.ent_coef * ent
-                opt.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
-                opt.step()
-                stats.append(torch.stack([pg, vl, ent]).detach())      # one .item() per update, not 3 per step
-        stats = torch.stack(stats).mean(0).tolist()                   # [pg, v, entropy], mean over minibatches
+
+        def minibatch_loss(mb):
+            x_mb = fo[mb]                                              # [B, obs_dim]
+            with autocast():
+                logits, value = actor(x_mb), critic(x_mb)
+            logp = logits.float().log_softmax(-1)                      # [B, A] log pi(. | s)
+            lp = logp.gather(1, fa[mb, None]).squeeze(1)               # [B]  log pi(a | s)
+            ent = -(logp.exp() * logp).sum(-1)                         # [B]  H(pi(. | s))
+            return clipped_loss(lp, flp[mb], fadv[mb], value.float().squeeze(-1), fret[mb], ent, cfg)
+
+        stats = update(opt, params, batch, cfg, rng, minibatch_loss, foreach=True)   # [pg, v, entropy]
         fin = env.drain_finished() if hasattr(env, "drain_finished") else []
         rec = {"phase": phase, "update": upd, "steps": (upd + 1) * batch,
                "reward": float(np.nanmean(raw_r)) if raw_r else float("nan"),
@@ -225,6 +212,43 @@ def ppo_train(env, cfg: PPOConfig, actor=None, critic=None, validate=None, desc:
             "config": asdict(cfg)}
 
 
+def clipped_loss(lp, lp_old, adv, value, ret, ent, cfg):
+    """One minibatch's PPO loss (CleanRL), for any policy whose log-prob and entropy per row are given:
+
+        rho  = exp(log pi(a | s) - log pi_old(a | s))          A standardised over the minibatch
+        loss = -min(rho A, clip(rho, 1 - eps, 1 + eps) A) + c_v 1/2 (V(s) - R)^2 - c_H H(pi(. | s))
+
+    lp, lp_old, adv, value, ret, ent: [B]; cfg has clip, vf_coef, ent_coef. Returns (loss, [pg, v, H])."""
+    import torch
+
+    ratio = (lp - lp_old).exp()                                        # pi / pi_old
+    a = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg = torch.max(-a * ratio, -a * ratio.clamp(1 - cfg.clip, 1 + cfg.clip)).mean()
+    vl = 0.5 * (value - ret).pow(2).mean()
+    ent = ent.mean()
+    return pg + cfg.vf_coef * vl - cfg.ent_coef * ent, torch.stack([pg, vl, ent]).detach()
+
+
+def update(opt, params, batch: int, cfg, rng, minibatch_loss, foreach=None) -> list[float]:
+    """PPO's update: cfg.epochs passes over the rollout's `batch` rows in shuffled minibatches of
+    cfg.minibatch; minibatch_loss(rows) -> (loss, stats) (clipped_loss); Adam steps after grad-norm
+    clipping at cfg.max_grad_norm. Returns the stats' mean over minibatches (one host read an update)."""
+    import torch
+    import torch.nn as nn
+
+    stats = []
+    for _ in range(cfg.epochs):
+        perm = torch.from_numpy(rng.permutation(batch))
+        for s in range(0, batch, cfg.minibatch):
+            loss, st = minibatch_loss(perm[s: s + cfg.minibatch])
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=foreach)
+            opt.step()
+            stats.append(st)
+    return torch.stack(stats).mean(0).tolist()
+
+
 def _autocast(amp: str):
     """(context factory, "bf16" | "off"): bf16 autocast on the CPU (PPOConfig.amp), or a no-op."""
     import contextlib
@@ -234,7 +258,7 @@ def _autocast(amp: str):
     if amp not in ("auto", "bf16", "off"):
         raise ValueError(f"amp must be auto | bf16 | off, got {amp!r}")
     if amp == "auto":
-        from pipeline.decode.target import cpu_has_bf16_units
+        from pipeline.models.target import cpu_has_bf16_units
         amp = "bf16" if cpu_has_bf16_units() else "off"
     if amp == "off":
         return contextlib.nullcontext, amp

@@ -1,0 +1,400 @@
+"""The EAGLE-3 draft head: its config and its architecture (loading and saving are in pipeline/models/head.py).
+
+Architecture (SafeAILab/EAGLE `cnets.py`, paraphrased; SpecForge's optional norms in [brackets]):
+
+    h_i = [fc_norm.i](target hidden state of layer l_i), (l_0, l_1, l_2) = (2, L//2, L-3)
+    f_t = fc(concat(h_0, h_1, h_2))                      # fuse 3 target layers, 3*H_t -> H
+    x   = concat(input_layernorm(embed(tok_{t+1})),      # [.., 2H]: embedding first,
+                 hidden_norm(g_t))                       #           then the hidden state
+    g'  = g_t + o_proj(attn(q/k/v_proj(x)))              # residual is the incoming hidden g_t
+    g'' = g' + mlp(post_attention_layernorm(g'))         # SwiGLU
+    logits = lm_head(norm(g''))                          # [norm_output = false: lm_head(g'')]
+
+`g_t` is `f_t` for positions whose target features are known (the accepted prefix), and the head's
+own previous output `g''` (before `norm`, whatever norm_output says) when it drafts deeper tree
+levels. Hidden state t pairs with token t+1. Draft token i maps to target id `i + d2t[i]`.
+
+SpecForge's flags (read in sgl-project/SpecForge `specforge/modeling/draft/llama3_eagle.py`,
+class LlamaForCausalLMEagle3, and `configs/qwen3-30B-A3B-eagle3.1.json`, "Eagle3.1"):
+- `fc_norm` (default false): three RMSNorms of width target_hidden_size (keys `fc_norm.{0,1,2}.weight`),
+  one per fused target layer, applied to each third of the concatenated features before `fc`.
+- `norm_output` (default true): when false, `lm_head` reads g'' directly (`norm.weight` is still saved).
+
+RoPE: base `rope_theta` (10000 when absent, as EAGLE); an optional `rope_scaling` / `rope_parameters`
+(linear, dynamic, llama3, yarn) exactly as transformers' `ROPE_INIT_FUNCTIONS` define inv_freq and the
+attention factor; dynamic recomputes inv_freq past max_position_embeddings (transformers' rule).
+
+Compute dtype: the head runs in its weights' dtype; `fuse` and `forward` cast their float inputs to
+it, so a head may run in another dtype than its target. Under autocast (training) autocast decides.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pipeline.errors import DraftGymError, HeadMismatchError, first_line
+
+WRITTEN_ARCHITECTURE = "LlamaForCausalLMEagle3"     # SpecForge and SGLang; SpecForge refuses LlamaForCausalLM
+ACCEPTED_ARCHITECTURES = (WRITTEN_ARCHITECTURE, "LlamaForCausalLM",   # SafeAILab/EAGLE's releases
+                          "Eagle3LlamaForCausalLM")                     # vLLM's name for the same head
+ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")                    # plus "default" (= no scaling)
+
+
+def target_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """Indices into HF `output_hidden_states` (0 = embeddings, i = input of decoder layer i)."""
+    if num_layers < 3:
+        raise HeadMismatchError(f"EAGLE-3 needs a target with >= 3 layers, got {num_layers}")
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def normalise_rope_scaling(rs) -> dict | None:
+    """A config's rope_scaling / rope_parameters -> None (plain RoPE) or {"rope_type": t, params...}."""
+    if rs is None:
+        return None
+    if not isinstance(rs, dict):
+        raise DraftGymError(f"head config rope_scaling must be a JSON object, got {rs!r}")
+    kind = rs.get("rope_type", rs.get("type"))
+    params = {k: v for k, v in rs.items() if k not in ("type", "rope_type", "rope_theta")}
+    if kind is None and any(isinstance(v, dict) for v in params.values()):
+        raise DraftGymError("head config has per-layer-type rope parameters; an EAGLE-3 head needs one set")
+    if kind in (None, "default"):
+        if kind is None and params:
+            raise DraftGymError(f"head config rope_scaling {rs} names no rope_type")
+        return None
+    if kind not in ROPE_TYPES:
+        raise DraftGymError(f"head config rope type {kind!r} is not supported (supported: default, {', '.join(ROPE_TYPES)})")
+    return {"rope_type": kind, **params}
+
+
+@dataclass
+class Eagle3Config:
+    """The fields of an EAGLE-3 head `config.json` (Llama-style, one decoder layer)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int                       # the target's vocabulary
+    draft_vocab_size: int                 # lm_head rows; == vocab_size means an identity d2t mapping
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 8192
+    rope_theta: float = 10000.0           # official configs omit it: EAGLE then uses 10000
+    rope_scaling: dict | None = None      # normalised: {"rope_type": linear|dynamic|llama3|yarn, ...}
+    head_dim: int | None = None
+    target_hidden_size: int | None = None  # set when the head is narrower/wider than the target
+    fc_norm: bool = False                 # SpecForge: RMSNorm each fused target layer before fc
+    norm_output: bool = True              # SpecForge: false = lm_head reads the hidden before `norm`
+    torch_dtype: str = "float32"
+    num_hidden_layers: int = 1
+    architectures: list = field(default_factory=lambda: [WRITTEN_ARCHITECTURE])  # as read; save writes ours
+
+    def __post_init__(self):
+        self.rope_scaling = normalise_rope_scaling(self.rope_scaling)
+        for k in ("fc_norm", "norm_output"):
+            if not isinstance(getattr(self, k), bool):
+                raise DraftGymError(f"head config {k} must be true or false, got {getattr(self, k)!r}")
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def fused_size(self) -> int:
+        return 3 * (self.target_hidden_size or self.hidden_size)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Eagle3Config":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d and d[k] is not None}
+        archs = known.get("architectures")
+        archs = [archs] if isinstance(archs, str) else archs
+        if archs and not any(a in ACCEPTED_ARCHITECTURES for a in archs):
+            raise DraftGymError(f"head config architectures {archs} is not an EAGLE-3 Llama head "
+                                f"(expected {' or '.join(ACCEPTED_ARCHITECTURES[:2])})")
+        rp = d.get("rope_parameters")     # transformers 5: rope_theta + the scaling in one dict
+        if isinstance(rp, dict):
+            known.setdefault("rope_theta", rp.get("rope_theta", 10000.0))
+            if "rope_scaling" not in known:
+                known["rope_scaling"] = rp
+        known.setdefault("draft_vocab_size", d.get("vocab_size"))
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                               "num_key_value_heads", "vocab_size") if k not in known]
+        if missing:
+            raise DraftGymError(f"EAGLE-3 head config.json lacks {', '.join(missing)}")
+        return cls(**known)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for k in ("head_dim", "target_hidden_size", "rope_scaling"):
+            if d[k] is None:
+                del d[k]
+        d["architectures"] = [WRITTEN_ARCHITECTURE]
+        d["model_type"] = "llama"
+        d["hidden_act"] = "silu"
+        return d
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(position_ids: torch.Tensor, dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin for plain RoPE. position_ids: [q] -> cos, sin: [q, dim]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=position_ids.device, dtype=torch.float32) / dim))
+    freqs = position_ids.float()[:, None] * inv_freq[None, :]  # [q, dim/2]
+    emb = torch.cat([freqs, freqs], dim=-1)                     # [q, dim]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _hf_rope(cfg: Eagle3Config, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """(inv_freq [dim/2] fp32 on the CPU, attention factor) from transformers' ROPE_INIT_FUNCTIONS,
+    given a LlamaConfig carrying the head's RoPE fields (transformers 4 and 5 both read rope_scaling)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    kind = cfg.rope_scaling["rope_type"]
+    try:
+        with torch.device("cpu"):  # also when the head itself is being built on the meta device
+            hf = LlamaConfig(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads,
+                             num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.dim_head,
+                             max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
+                             rope_scaling=dict(cfg.rope_scaling))
+            inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](hf, "cpu", **({"seq_len": seq_len} if seq_len else {}))
+    except Exception as e:  # a missing or malformed scaling parameter
+        raise DraftGymError(f"head config rope_scaling {cfg.rope_scaling} is not usable: {first_line(e)}") from e
+    return inv_freq.float(), float(scale)
+
+
+class Rope:
+    """cos/sin tables of the head's RoPE at given positions: [q] -> ([q, dim], [q, dim]).
+
+    Without rope_scaling this is `rope_cos_sin` (bit for bit the plain EAGLE RoPE). With it:
+    freqs = pos * inv_freq, cos = cos(cat(freqs, freqs)) * factor (sin alike), as transformers."""
+
+    def __init__(self, cfg: Eagle3Config):
+        self.cfg = cfg
+        self.kind = cfg.rope_scaling["rope_type"] if cfg.rope_scaling else None
+        self.inv_freq, self.scale = _hf_rope(cfg) if self.kind else (None, 1.0)
+        self._on: dict[torch.device, torch.Tensor] = {}   # inv_freq per device (kept out of .to(dtype))
+
+    def tables(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """(inv_freq on the positions' device, factor) for this forward."""
+        if self.kind == "dynamic":
+            seq_len = int(position_ids.max()) + 1          # transformers: max position + 1
+            if seq_len > self.cfg.max_position_embeddings:  # grown past the trained length: rescale the base
+                inv, scale = _hf_rope(self.cfg, seq_len)
+                return inv.to(position_ids.device), scale
+        dev = position_ids.device
+        if dev not in self._on:
+            self._on[dev] = self.inv_freq.to(dev)
+        return self._on[dev], self.scale
+
+    def cos_sin(self, position_ids: torch.Tensor, dtype: torch.dtype):
+        if self.kind is None:
+            return rope_cos_sin(position_ids, self.cfg.dim_head, self.cfg.rope_theta, dtype)
+        inv_freq, scale = self.tables(position_ids)
+        freqs = position_ids.float()[:, None] * inv_freq[None, :]  # [q, dim/2]
+        emb = torch.cat([freqs, freqs], dim=-1)                     # [q, dim]
+        return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, heads, q, dim]; cos/sin: [q, dim]. Llama's rotate-half convention."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def causal_mask(q: int, past: int, device, dtype) -> torch.Tensor:
+    """Additive mask [q, past+q]: row i sees all `past` entries and new entries 0..i."""
+    m = torch.full((q, past + q), float("-inf"), device=device, dtype=dtype)
+    m[:, :past] = 0
+    m[:, past:] = torch.triu(m[:, past:], diagonal=1)
+    return m
+
+
+class KVBuffer:
+    """A preallocated head KV for a growing draft tree: keys/values [B, nkv, capacity, d], the first
+    `length` entries valid. Passed as `past_kv`, the attention writes its new entries in place and
+    attends over keys[:, :, :length], so a prefix of S entries is copied in once per tree instead of
+    once per level (torch.cat of [prefix | levels so far] each level)."""
+
+    def __init__(self, prefix_kv: tuple[torch.Tensor, torch.Tensor], batch: int, extra: int):
+        pk, pv = prefix_kv                                            # [1 or B, nkv, S, d]
+        B, nkv, S, d = batch, pk.shape[1], pk.shape[2], pk.shape[3]
+        self.keys = pk.new_empty(B, nkv, S + extra, d)
+        self.values = pv.new_empty(B, nkv, S + extra, d)
+        self.keys[:, :, :S], self.values[:, :, :S] = pk, pv           # broadcast a [1, ...] prefix to B rows
+        self.length = S
+
+    def append(self, ks: torch.Tensor, vs: torch.Tensor):
+        """Write q new entries [B, nkv, q, d]; return views of all valid keys/values [B, nkv, length, d]."""
+        q = ks.shape[2]
+        self.keys[:, :, self.length : self.length + q] = ks
+        self.values[:, :, self.length : self.length + q] = vs
+        self.length += q
+        return self.keys[:, :, : self.length], self.values[:, :, : self.length]
+
+
+def gqa_attention(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v with nkv key/value heads shared by groups of rep = nh / nkv
+    query heads, without repeating the keys: query head h = j*rep + r reads kv head j (repeat_interleave's
+    convention), so the rep query heads of group j are folded into its rows.
+
+    qs: [B, nh, q, d]; ks, vs: [B, nkv, K, d]; attn_mask: additive, broadcastable to [B, 1, q, K]
+    (one mask for every head). Returns [B, nh, q, d]. Per query row this is the same computation as
+    SDPA over repeated keys (bit for bit on an Intel Xeon; within 1 ulp in fp32 on an
+    AMD EPYC, whose kernel rounds differently for rep*q rows than for q: tests/pipeline/models/test_head.py)."""
+    B, nh, q, d = qs.shape
+    nkv, K = ks.shape[1], ks.shape[2]
+    rep = nh // nkv
+    m = attn_mask if attn_mask.dim() == 4 else attn_mask.reshape(*(1,) * (4 - attn_mask.dim()), *attn_mask.shape)
+    if m.shape[1] != 1:                                                # a per-head mask: repeat the keys instead
+        return F.scaled_dot_product_attention(qs, ks.repeat_interleave(rep, 1), vs.repeat_interleave(rep, 1),
+                                              attn_mask=attn_mask)
+    m = m[:, :, None].expand(m.shape[0], 1, rep, q, K).reshape(m.shape[0], 1, rep * q, K)  # [B|1, 1, rep*q, K]
+    out = F.scaled_dot_product_attention(qs.reshape(B, nkv, rep * q, d), ks, vs, attn_mask=m)
+    return out.reshape(B, nh, q, d)
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.n_heads, self.n_kv, self.dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_head
+        H2 = 2 * cfg.hidden_size  # q/k/v read concat(embedding, hidden)
+        self.q_proj = nn.Linear(H2, self.n_heads * self.dim, bias=False)
+        self.k_proj = nn.Linear(H2, self.n_kv * self.dim, bias=False)
+        self.v_proj = nn.Linear(H2, self.n_kv * self.dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, past_kv, attn_mask):
+        B, q, _ = x.shape
+        qs = self.q_proj(x).view(B, q, self.n_heads, self.dim).transpose(1, 2)  # [B, nh, q, d]
+        ks = self.k_proj(x).view(B, q, self.n_kv, self.dim).transpose(1, 2)     # [B, nkv, q, d]
+        vs = self.v_proj(x).view(B, q, self.n_kv, self.dim).transpose(1, 2)
+        qs, ks = apply_rope(qs, cos, sin), apply_rope(ks, cos, sin)
+        new_kv = (ks, vs)
+        if isinstance(past_kv, KVBuffer):
+            ks, vs = past_kv.append(ks, vs)                                     # [B, nkv, S+q, d] views
+        elif past_kv is not None:
+            ks = torch.cat([past_kv[0], ks], dim=2)  # [B, nkv, S+q, d]
+            vs = torch.cat([past_kv[1], vs], dim=2)
+        if attn_mask is None:  # plain causal over [past | new]
+            S = ks.shape[2] - q
+            attn_mask = causal_mask(q, S, x.device, qs.dtype)
+        out = gqa_attention(qs, ks, vs, attn_mask)                              # [B, nh, q, d]
+        return self.o_proj(out.transpose(1, 2).reshape(B, q, -1)), new_kv
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        H = cfg.hidden_size
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.self_attn = Eagle3Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(H, cfg.intermediate_size, bias=False)
+        self.mlp.up_proj = nn.Linear(H, cfg.intermediate_size, bias=False)
+        self.mlp.down_proj = nn.Linear(cfg.intermediate_size, H, bias=False)
+
+    def forward(self, emb, hidden, cos, sin, past_kv, attn_mask):
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)  # [B, q, 2H]
+        attn, new_kv = self.self_attn(x, cos, sin, past_kv, attn_mask)
+        h = hidden + attn
+        m = self.post_attention_layernorm(h)
+        h = h + self.mlp.down_proj(F.silu(self.mlp.gate_proj(m)) * self.mlp.up_proj(m))
+        return h, new_kv
+
+
+class Eagle3Head(nn.Module):
+    """An EAGLE-3 draft head. Keys match the official checkpoints.
+
+    share_embedding (default: unless the config sets target_hidden_size): the head will use the
+    target's token embedding, so it allocates none of its own; `embed_tokens.weight` stays None
+    until `pipeline.models.head.attach_target_embeddings` puts the target's tensor there."""
+
+    def __init__(self, cfg: Eagle3Config, layer_ids: tuple[int, int, int], share_embedding: bool | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.layer_ids = tuple(layer_ids)
+        self.shares_embedding = cfg.target_hidden_size is None if share_embedding is None else bool(share_embedding)
+        if self.shares_embedding:  # a module with no weight: nothing [vocab, H] is ever allocated here
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, device="meta")
+            self.embed_tokens.weight = None
+        else:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.embed_tokens.weight.requires_grad_(False)  # frozen
+        self.fc = nn.Linear(cfg.fused_size, cfg.hidden_size, bias=False)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.fused_size // 3, cfg.rms_norm_eps) for _ in range(3))
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        # d2t[i] = target_id(i) - i; t2d[t] = token t is in the draft vocabulary
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
+        self.rope = Rope(cfg)
+        self.head_id = "random"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype: the weights' (pipeline.decode.draft and pipeline.profiling.timed_ops read fc.weight.dtype too)."""
+        return self.fc.weight.dtype
+
+    def _to_head(self, x: torch.Tensor) -> torch.Tensor:
+        """Cast a float input to the head's dtype, except under autocast (which picks dtypes itself)."""
+        return x if torch.is_autocast_enabled(x.device.type) else x.to(self.fc.weight.dtype)
+
+    # -- features -----------------------------------------------------------------------------
+    def fuse(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Target `output_hidden_states` -> fused features f: 3 x [B, n, H_t] -> [fc_norm] -> fc -> [B, n, H]."""
+        return self.fuse_concat(torch.cat([self._to_head(hidden_states[i]) for i in self.layer_ids], dim=-1))
+
+    def fuse_concat(self, fused: torch.Tensor) -> torch.Tensor:
+        """The three target layers already concatenated [B, n, 3*H_t] -> [fc_norm per layer] -> fc -> [B, n, H]
+        (the trainer's feature cache holds them concatenated)."""
+        if self.cfg.fc_norm:
+            fused = torch.cat([norm(h) for norm, h in zip(self.fc_norm, fused.chunk(3, dim=-1))], dim=-1)
+        return self.fc(fused)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+                past_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attn_mask: torch.Tensor | None = None, logits: bool = True):
+        """One draft forward.
+
+        input_ids: [B, q] target token ids (tok_{t+1}); hidden: [B, q, H] (fused f_t or the head's
+        own previous output); position_ids: [q] or [B, q]; past_kv: ([B, nkv, S, d], [B, nkv, S, d]);
+        attn_mask: additive [q, S+q] (or broadcastable), default causal.
+        Returns (g: [B, q, H] before norm, logits: [B, q, draft_vocab] (None with logits=False),
+        new_kv for the q entries).
+        """
+        if self.embed_tokens.weight is None:
+            raise DraftGymError("this head shares its target's token embedding: call "
+                                "pipeline.models.head.attach_target_embeddings(head, target_model) first")
+        hidden = self._to_head(hidden)
+        emb = self.embed_tokens(input_ids).to(hidden.dtype)
+        cos, sin = self.rope.cos_sin(position_ids.reshape(-1), hidden.dtype)
+        if position_ids.dim() == 2:  # per-row positions [B, q] -> [B, 1, q, d] (broadcast over heads)
+            cos, sin = (t.view(*position_ids.shape, -1)[:, None] for t in (cos, sin))
+        g, new_kv = self.midlayer(emb, hidden, cos, sin, past_kv, attn_mask)
+        return g, (self.logits_of(g) if logits else None), new_kv
+
+    def logits_of(self, g: torch.Tensor) -> torch.Tensor:
+        """The head's output rows g [..., H] -> draft logits [..., draft_vocab] (the trainer runs
+        this on the rows that have a label only)."""
+        return self.lm_head(self.norm(g) if self.cfg.norm_output else g)

@@ -1,0 +1,1 @@
+"""LTD (Learning To Draft): a depth head and a size head, trained by PPO."""

@@ -1,0 +1,1 @@
+"""RADAR: stop / continue per depth level, trained by REINFORCE with a baseline."""

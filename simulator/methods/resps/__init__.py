@@ -1,0 +1,1 @@
+"""Re-SpS: one tree shape held N cycles, trained by PPO with held actions."""

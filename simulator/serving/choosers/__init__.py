@@ -1,0 +1,7 @@
+"""Step choosers: who picks the one shape of a serving step, in replay and on the device.
+
+    base.py               the Chooser interface; static, schedule, the greedy per-step hindsight oracle
+    sglang_adaptive.py    SGLang's adaptive EMA rule, reimplemented from its source
+    sglang_throughput.py  SGLang's throughput-aware rule, reimplemented from its source
+    learned.py            a learned load-aware policy as a step chooser (`serve-eval --policy`)
+"""

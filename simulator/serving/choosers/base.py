@@ -1,0 +1,110 @@
+"""Step choosers: who picks the one shape of a serving step (simulator/serving/load.py calls them).
+
+A chooser sees, before each step, a `StepView` of the batch (B, the rows' log rows, contexts and
+tokens left, the queue; on the device also the rows' measured draft confidences) and returns an
+index into the replay's `ShapeTable`; after the step it is told every row's L (SGLang's adaptive
+rule learns from it). A chooser whose decision costs time (a learned policy:
+simulator/serving/choosers/learned.py) says how much in `extra_time`. Choosers here:
+
+    StaticChooser     one shape for every step (AR is the static "off")
+    ScheduleChooser   the shape of the schedule's range holding B (a per-B schedule, vLLM's example)
+    GreedyOracle      hindsight, per step: the shape with the most tokens per second in this step,
+                      given every row's logged acceptance (maths below)
+
+The greedy oracle. The exact hindsight optimum is a dynamic programme over the joint state of all
+rows (B positions plus the queue), intractable beyond a few rows. Per step it picks
+
+    s* = argmax_s  sum_r min(L_r(s) + 1, left_r)  /  t(s, B, c)
+
+from the logs, so it never guesses acceptance; it is greedy (no look-ahead), hence a strong
+reference, not an upper bound. The batch-1 oracle (simulator/baselines.py) is the exact DP.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.serving.shapes import canonical, label
+
+
+@dataclass
+class StepView:
+    batch: int                   # B active rows
+    rows: np.ndarray             # [B] log rows (offsets[seq] + p)
+    context_len: np.ndarray      # [B]
+    left: np.ndarray             # [B] tokens each row still has to emit
+    requests: np.ndarray         # [B] request ids
+    time: float                  # s, at the start of the step
+    queued: int                  # requests arrived and waiting for a slot
+    confidence: np.ndarray | None = None   # [B, k] draft log-probs s_r(1..k) the engine measured (on the
+                                           # device, k = 1: online/adapters/chooser.py; observations.step_obs
+                                           # cleans them); None in the replay, which reads the logs' rows
+
+
+class Chooser:
+    name = "chooser"
+
+    def reset(self, table, latency) -> None:
+        """Called once before a run, with the replay's ShapeTable and the latency model."""
+        self.table, self.latency = table, latency
+
+    def choose(self, view: StepView) -> int:
+        raise NotImplementedError
+
+    def observe(self, view: StepView, a: int, accepted: np.ndarray) -> None:
+        """After the step: shape index a ran and row r accepted accepted[r] drafts."""
+
+    def extra_time(self, view: StepView, a: int) -> float:
+        """Seconds the choice itself adds to the step (a learned policy's probe forwards and call); 0 here."""
+        return 0.0
+
+    def shapes(self) -> list:
+        """Shapes this chooser may pick (the replay's ShapeTable must hold them); [] = any."""
+        return []
+
+
+class StaticChooser(Chooser):
+    def __init__(self, shape, name: str | None = None):
+        self.shape = canonical(shape)
+        self.name = name or f"static {label(self.shape)}"
+
+    def shapes(self):
+        return [self.shape]
+
+    def reset(self, table, latency):
+        super().reset(table, latency)
+        self.a = table.index(self.shape)
+
+    def choose(self, view):
+        return self.a
+
+
+class ScheduleChooser(Chooser):
+    def __init__(self, schedule, name: str = "schedule"):
+        self.schedule, self.name = schedule, name
+
+    def shapes(self):
+        return self.schedule.shapes()
+
+    def reset(self, table, latency):
+        super().reset(table, latency)
+        self.by_batch = {}
+
+    def choose(self, view):
+        if view.batch not in self.by_batch:
+            self.by_batch[view.batch] = self.table.index(self.schedule.shape_for(view.batch))
+        return self.by_batch[view.batch]
+
+
+class GreedyOracle(Chooser):
+    """Per-step hindsight best shape among every shape of the table (module docstring)."""
+    name = "oracle (greedy per step)"
+
+    def choose(self, view):
+        A, B = len(self.table), view.batch
+        a = np.repeat(np.arange(A), B)
+        L = self.table.accepted(np.tile(view.rows, A), a).reshape(A, B)
+        tokens = np.minimum(L + 1, view.left[None, :]).sum(1)                          # [A]
+        dt = self.table.step_time(self.latency, np.arange(A), B, self.latency.step_context(view.context_len))
+        return int(np.argmax(tokens / dt))

@@ -1,0 +1,119 @@
+"""Profiles you can trust (issue P, item 6): suspect cells found (a wild spread, a verify dearer than a
+larger V or B), re-measured by `draftgym profile`, and left out and named by the latency model that
+`tune`, `serve-eval` and `train-load` build. Synthetic rows; a few seconds."""
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from online.cli import main as cli
+from pipeline.profiling.steps import suspect_keys
+from pipeline.profiling.trust import suspect_cells
+from simulator.latency.model import LatencyModel
+from simulator.logs.synthetic import SyntheticConfig, latency_rows, write_synthetic_logs
+
+
+def _plant(rows, V=4, c=128, B=1, factor=17.0):
+    """The cell of the incident: the median 17x the clean one, p10 clean, p90 above the median."""
+    out = [dict(r) for r in rows]
+    r = next(r for r in out if r["op"] == "verify" and r["verify_size"] == V and r["context_len"] == c
+             and r["batch"] == B)
+    r["median"], r["mean"], r["p90"] = r["median"] * factor, r["median"] * factor, r["median"] * (factor + 1)
+    return out
+
+
+@pytest.mark.parametrize("profile", ["cpu", "gpu"])
+def test_clean_profiles_have_no_suspects(profile):
+    assert suspect_cells(latency_rows("m", profile, batches=(1, 4, 16))) == []
+
+
+def test_the_incident_cell_is_named_with_its_reasons():
+    rows = _plant(latency_rows("m", "gpu", batches=(1, 4)))
+    (s,) = suspect_cells(rows)
+    assert (s.op, s.size, s.context, s.batch) == ("verify", 4, 128, 1) and s.why.startswith("p90/p10")
+    # out of order only (a clean spread): a B = 1 draft step dearer than at B = 4 (2.76 -> 5.51 ms against
+    # 3.80 ms); the dearer is blamed. Draft cells are ordered in B only (the width is not judged)
+    quiet = [dict(r) for r in latency_rows("m", "gpu", batches=(1, 4))]
+    r = next(r for r in quiet if r["op"] == "draft_step" and (r["width"], r["context_len"], r["batch"]) == (10, 512, 1))
+    for k in ("median", "p10", "p90", "mean"):
+        r[k] *= 2.0
+    (s,) = suspect_cells(quiet)
+    assert (s.op, s.size, s.context, s.batch) == ("draft_step", 10, 512, 1) and s.why == "median 5.5 ms above B=4's 3.8 ms"
+    for k in ("median", "p10", "p90", "mean"):                   # 1.6x: 4.41 ms, within the slack (25 %) of 3.80
+        r[k] *= 0.8
+    assert suspect_cells(quiet) == []
+
+
+def test_latency_model_leaves_the_cell_out_only_when_asked():
+    clean, planted = latency_rows("m", "gpu", batches=(1, 4)), _plant(latency_rows("m", "gpu", batches=(1, 4)))
+    ref = LatencyModel.from_rows(clean)
+    trusting = LatencyModel.from_rows(planted)                    # default: every cell, as before
+    assert float(trusting.t_verify(4, 128)) > 10 * float(ref.t_verify(4, 128))
+    lat = LatencyModel.from_rows(planted, trust=True)
+    # the 'gpu' verify is linear in V up to BV = 128: interpolating V = 4 from V = 2 and 8 is exact
+    assert float(lat.t_verify(4, 128)) == pytest.approx(float(ref.t_verify(4, 128)), rel=1e-9)
+    assert lat.meta["suspect"] == ["verify V=4 c=128 B=1 (p90/p10 19.1)"]             # 18 / 0.94
+    assert lat.meta["trust_note"].startswith("latency profile synthetic-gpu: left out 1 suspect cell ")
+    assert LatencyModel.from_rows(clean, trust=True).meta["trust_note"] is None
+
+
+def test_tune_names_the_cell_and_tunes_as_on_the_clean_profile(tmp_path, capsys):
+    root = tmp_path / "logs"
+    write_synthetic_logs(root, SyntheticConfig(n_sequences=4, widths=(1, 4), new_tokens=(12, 30),
+                                               latency_profile="gpu", latency_batches=(1, 4)))
+    args = ["tune", "--logs", str(root), "--split", "all", "--batch-sizes", "1,4", "--shapes", "chain", "--json"]
+    assert cli(args + ["--out", str(tmp_path / "clean.json")]) == 0
+    clean = json.loads(capsys.readouterr().out)
+    (f,) = (root / "latency").rglob("*.parquet")
+    t = pq.read_table(f)
+    pq.write_table(t.from_pylist(_plant(t.to_pylist()), schema=t.schema), f)
+    assert cli(args + ["--out", str(tmp_path / "planted.json")]) == 0
+    cap = capsys.readouterr()
+    planted = json.loads(cap.out)                                # stdout: still one JSON object
+    assert "left out 1 suspect cell" in cap.err and "verify V=4 c=128 B=1" in cap.err and cap.err.count("\n") == 1
+    assert planted["schedule"] == clean["schedule"] and planted["per_batch"] == clean["per_batch"]
+
+
+def test_profile_remeasures_suspect_cells_once(monkeypatch):
+    """ProfileSampler.remeasure runs each (B, c) job holding a suspect cell (a wild spread or out of
+    order) once more, and only the suspect cells take the second generation's samples; suspect_keys
+    picks them."""
+    from pipeline.profiling.profile import ProfileSampler
+
+    s = object.__new__(ProfileSampler)
+    s.jobs = [(1, 128), (4, 128)]
+    v = lambda V, ts, B=1: (("verify", 0, V, 128, B), ts)
+    s.samples = dict([v(1, [0.040] * 5), v(2, [0.041] * 5), v(4, [0.04, 0.04, 0.7, 0.7, 0.7]), v(8, [0.043] * 5),
+                      (("draft_step", 10, 0, 128, 1), [0.003] * 20), v(1, [0.05] * 5, 4), v(4, [0.06] * 5, 4)])
+    ran = []
+
+    def sample(job):
+        ran.append(job)
+        return {k: [0.042 if k[0] == "verify" else 0.001] * 5 for k in s.samples if (k[4], k[3]) == job}
+    monkeypatch.setattr(s, "_sample", sample, raising=False)
+    assert s.remeasure() == 1 and ran == [(1, 128)]
+    assert s.samples[("verify", 0, 4, 128, 1)] == [0.042] * 5            # the suspect cell: the new samples
+    assert s.samples[("verify", 0, 2, 128, 1)] == [0.041] * 5            # the others of its job: kept
+    assert s.samples[("draft_step", 10, 0, 128, 1)] == [0.003] * 20
+    assert suspect_keys(s.samples) == []
+    assert s.remeasure() == 0 and len(ran) == 1                   # nothing suspect: nothing runs
+    samples = {("verify", 0, V, 128, 4): [t] * 4 for V, t in ((1, 0.05), (2, 0.09), (4, 0.06))}
+    samples[("draft_step", 10, 0, 128, 4)] = [0.003, 0.003, 0.02, 0.02]
+    assert suspect_keys(samples) == [("verify", 0, 2, 128, 4), ("draft_step", 10, 0, 128, 4)]
+
+
+def test_every_cell_of_an_op_suspect_keeps_them():
+    """A profile whose batch-1 draft cells are all wild (taken under interference, or too small a
+    model to have physics) keeps them: the model still builds, and only the rest is left out."""
+    from pipeline.profiling.trust import trusted_out
+
+    rows = _plant(latency_rows("m", "gpu", widths=(10,), contexts=(128,)))
+    for r in rows:
+        if r["op"] == "draft_step":
+            r["p90"] = 5 * r["p10"]
+    assert {x.op for x in suspect_cells(rows)} == {"verify", "draft_step"}
+    assert [(x.op, x.size) for x in trusted_out(rows)] == [("verify", 4)]
+    lat = LatencyModel.from_rows(rows, trust=True)
+    assert lat.meta["suspect"] == ["verify V=4 c=128 B=1 (p90/p10 19.1)"]
