@@ -5,6 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+REFERENCE = re.compile(r"^\[[^\]]+\]:\s+(\S+)", re.M)      # reference-style definitions: [N3]: docs/...#n3
 
 
 def slug(heading: str) -> str:
@@ -17,7 +18,7 @@ def broken_links(files) -> list[str]:
     bad = []
     for f in files:
         text = re.sub(r"```.*?```", "", f.read_text(), flags=re.S)      # links inside code blocks are examples
-        for target in LINK.findall(text):
+        for target in LINK.findall(text) + REFERENCE.findall(text):
             if re.match(r"^[a-z]+:", target):                           # http:, https:, mailto:
                 continue
             path, _, anchor = target.partition("#")
@@ -37,10 +38,10 @@ def test_docs_links_resolve():
 
 def test_the_checker_sees_a_broken_link(tmp_path):
     global ROOT
-    (tmp_path / "a.md").write_text("# Title\n[ok](a.md#title) [gone](b.md) [anchor](a.md#nope)\n")
+    (tmp_path / "a.md").write_text("# Title\n[ok](a.md#title) [gone](b.md) [anchor](a.md#nope) [ref]\n\n[ref]: c.md\n")
     old, ROOT = ROOT, tmp_path
     try:
         bad = broken_links([tmp_path / "a.md"])
     finally:
         ROOT = old
-    assert bad == ["a.md: missing b.md", "a.md: no heading for #nope in a.md"]
+    assert bad == ["a.md: missing b.md", "a.md: no heading for #nope in a.md", "a.md: missing c.md"]
