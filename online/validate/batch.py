@@ -239,7 +239,7 @@ def summarize_cells(cells: dict, methods: list[Method], recs) -> dict:
             out[str(B)][m.name] = s
         ar = out[str(B)][AR]["tokens_per_s"]
         for s in out[str(B)].values():
-            s["speedup_vs_ar"] = s["tokens_per_s"] / ar if ar > 0 else None
+            s["speedup_vs_ar"] = PM.speedup(s["tokens_per_s"], ar)
     return out
 
 
@@ -294,7 +294,7 @@ def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Met
                 row["replay_rel_error" + suffix] = PM.rel_error(sim, real)
                 if row.get("held_tau"):
                     tau = float(res["tau"][shapes.index(s)])
-                    row["replayed_tau"], row["replay_tau_rel_error"] = tau, (tau - row["held_tau"]) / row["held_tau"]
+                    row["replayed_tau"], row["replay_tau_rel_error"] = tau, PM.rel_error(tau, row["held_tau"])
     return notes
 
 

@@ -49,6 +49,7 @@ from online.validate.common import ValidateConfig, check_config, load_prompt_set
 from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
 from pipeline.runtime.atomic import atomic_write_json, atomic_write_text
+from pipeline import metrics as PM
 from simulator.serving import metrics as M
 from simulator.serving import shapes as S
 from simulator.serving.arrivals import read_trace
@@ -184,7 +185,7 @@ def replay_side(logs, lat, methods, arrivals, max_batch: int, seq, rows: list[di
             continue
         s["x_ar"] = s["tokens_per_s"] / ar["tokens_per_s"] if ar else None
         row["replay"] = {k: s[k] for k in (*FIGURES, "max_batch")}
-        row["replay_rel_error"] = {k: (s[k] - row[k]) / row[k] if row[k] and s[k] is not None else None
+        row["replay_rel_error"] = {k: PM.rel_error(s[k], row[k]) if s[k] is not None else None
                                    for k in ("tokens_per_s", "x_ar", "tau", "mean_batch", "tpot_mean_s")}
 
 

@@ -69,21 +69,21 @@ def sim_vs_real(cfg, sim, recs, runs, labels, reanchored=None) -> dict:
     out = {"missing_prompts": missing, "machine_speed_factor": speed,
            "profile_speed_factor": {"factor": local[1][0], "cells": local[1][1]} if local else None,
            "ar": {"sim_decode_tokens_per_s": float(np.mean(ar_sim)), "real_decode_tokens_per_s": float(np.mean(ar_real)),
-                  "tokens_per_s_rel_error": float((np.mean(ar_sim) - np.mean(ar_real)) / np.mean(ar_real))},
+                  "tokens_per_s_rel_error": float(M.rel_error(np.mean(ar_sim), np.mean(ar_real)))},
            "methods": {}}
     if reanchored is not None:
         out["reanchored"] = reanchored if isinstance(reanchored, dict) else reanchored.info
     if local:
         ar_pooled = autoregressive(ev, pooled).tokens_per_s
-        out["ar"]["tokens_per_s_rel_error_pooled"] = float((np.mean(ar_pooled) - np.mean(ar_real)) / np.mean(ar_real))
+        out["ar"]["tokens_per_s_rel_error_pooled"] = float(M.rel_error(np.mean(ar_pooled), np.mean(ar_real)))
     for name, pol in pols.items():
         res = simulate(pol, ev, clock)          # the policy as built online (lat), timed by the clock
         m = runs[name]
         real_tau = m.tau(order)
         real_dec = real_decode(m)
-        sim_tau = float(res.tokens.sum() / max(res.cycles.sum(), 1))
+        sim_tau = float(M.tau(res.tokens.sum(), res.cycles.sum()))
         sim_dec = res.tokens_per_s.tolist()
-        err = lambda scale: float((scale * np.mean(sim_dec) - np.mean(real_dec)) / np.mean(real_dec))
+        err = lambda scale: float(M.rel_error(scale * np.mean(sim_dec), np.mean(real_dec)))
         out["methods"][name] = {
             "sim_tau": sim_tau, "real_tau": real_tau, "tau_rel_error": M.rel_error(sim_tau, real_tau),
             "sim_decode_tokens_per_s": float(np.mean(sim_dec)), "real_decode_tokens_per_s": float(np.mean(real_dec)),
@@ -94,7 +94,7 @@ def sim_vs_real(cfg, sim, recs, runs, labels, reanchored=None) -> dict:
             out["methods"][name]["reanchored"] = reanchored.replay(name, pol, order, clock, real_tau, real_dec)
         if local:
             pooled_dec = float(np.mean(simulate(pol, ev, pooled).tokens_per_s))
-            out["methods"][name]["tokens_per_s_rel_error_pooled"] = float((pooled_dec - np.mean(real_dec)) / np.mean(real_dec))
+            out["methods"][name]["tokens_per_s_rel_error_pooled"] = float(M.rel_error(pooled_dec, np.mean(real_dec)))
     return out
 
 

@@ -163,7 +163,7 @@ def summarize(runs: dict[str, MethodRuns], idx: list[int] | None = None, baselin
                   "controller_share": m.controller_share(idx)}
         for b in baselines:
             if b in mean:
-                out[n][f"speedup_vs_{b}"] = mean[n] / mean[b]
+                out[n][f"speedup_vs_{b}"] = M.speedup(mean[n], mean[b])
     return out
 
 
