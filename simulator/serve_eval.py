@@ -83,6 +83,7 @@ class ServeEvalConfig:
     dtype: str | None = None
     profile: str | None = None
     latency: str | None = None
+    latency_model: str | None = None      # time the logs with this model's profile (a what-if; tune.load_inputs)
     as_json: bool = False
     max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
 
@@ -173,7 +174,7 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
     else:
         sched = tune(tune_logs, lat, parse_positive_ints(cfg.batch_sizes, "--batch-sizes"), cands,
                      split=cfg.tune_split)["schedule"]
-    notes = [cand_note] if cand_note else []
+    notes = [n for n in (lat.meta.get("what_if"), cand_note) if n]
     static_pool = list(dict.fromkeys([S.OFF, *[s for s in cands if S.is_chain(s)], *sched.shapes()]))
     best, static_runs = best_static(tune_logs, lat, arrivals, max_batch, static_pool)
     methods = [StaticChooser(S.OFF, "AR"), StaticChooser(best, f"best static ({S.label(best)})"),

@@ -67,6 +67,14 @@ def summary_line(step: str, r: dict) -> str:
         return "; ".join(f"{ds}: {sum(e['lossless_counts'].values()) if e['lossless_counts'] else 0} outputs, "
                          f"{(e['lossless_counts'] or {}).get('mismatch', 0)} mismatch"
                          for ds, e in r.get("datasets", {}).items())
+    if step == "serving":
+        rows = r.get("rows", [])
+        ar = next((x for x in rows if x["name"] == "AR"), None)
+        best = max((x for x in rows if x["name"] != "AR"), key=lambda x: x["tokens_per_s"] or 0, default=None)
+        n = sum(sum((x.get("lossless") or {}).values()) for x in rows)
+        return (f"{len(rows)} methods x {r.get('runs')} runs over {r.get('trace', {}).get('requests')} requests; "
+                + (f"best {best['name']} {best['tokens_per_s']:.1f} tokens/s = {_f(best['x_ar'])}x AR; " if best and ar else "")
+                + f"{n} rows checked, {sum((x.get('lossless') or {}).get('mismatch', 0) for x in rows)} mismatch")
     return r.get("reason") or ""
 
 
@@ -194,7 +202,33 @@ def render_markdown(rep: dict) -> str:
         lines += ["Lossless per dataset (EAGLE-3 outputs vs AR): " + "; ".join(
             f"{ds}: " + ", ".join(f"{v} {k}" for k, v in (e["lossless_counts"] or {}).items())
             for ds, e in val["datasets"].items()), ""]
+    lines += serving_section(steps.get("serving", {}))
     return "\n".join(lines)
+
+
+def serving_section(r: dict) -> list[str]:
+    """The serving step: its commands with their wall times, the tuned schedule, and per method the device's
+    tokens/s against the replay's (the whole table, TPOT and queue times too, is serving_report.md)."""
+    if not r.get("rows"):
+        return []
+    lines = [f"Serving under load on {r['device']} ({r['model']}, head {r['head']}, {r['dataset']}; "
+             f"online/gpu_check/serving.py), the commands run:", ""]
+    lines += _table(["command", "wall (s)"], [[f"`{c['command']}`", f"{c['wall_s']:.1f}"] for c in r["commands"]])
+    lines += [f"Profile {r['profile_id']} (`{r['profile_file']}`): AR step " + ", ".join(
+                  f"{v:.2f} ms at B = {b}" for b, v in r["ar_ms"].items())
+              + ". Tuned: " + ", ".join(f"B {t['batch']} -> {t['best']} ({_f(t['x_ar'])}x AR)" for t in r["tuned"])
+              + f"; headroom shape {r['headroom']['shape']} (within {_f(r['headroom']['gap'], '{:.3f}')}x of every B's best)."
+              + (f" {r['train_note']}." if r.get("train_note") else ""), "",
+              f"`validate --load-trace`: {r['trace']['requests']} requests over {r['trace']['span_s']:.1f} s, "
+              f"{r['runs']} runs (mean +- std); replay of the same trace on the logs and the profile above:", ""]
+    lines += _table(["method", "tokens/s", "x AR", "tau", "drafts/step", "mean B", "replay tokens/s (error)",
+                     "lossless (exact / near-tie / mismatch)"],
+                    [[x["name"], f"{_f(x['tokens_per_s'], '{:.1f}')} ± {_f(x['tokens_per_s_std'], '{:.1f}')}", _f(x["x_ar"]),
+                      _f(x["tau"]), _f(x["drafts_per_step"]), _f(x["mean_batch"]),
+                      f"{_f(x['replay_tokens_per_s'], '{:.1f}')} ({_f(x['replay_error'] and 100 * x['replay_error'], '{:+.1f}')} %)",
+                      " / ".join(str((x.get("lossless") or {}).get(k, "-")) for k in ("exact", "near-tie", "mismatch"))]
+                     for x in r["rows"]])
+    return lines + ([f"note: {r['replay_note']}", ""] if r.get("replay_note") else [])
 
 
 def cfg_draft_vocab(steps: dict):

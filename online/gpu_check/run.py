@@ -23,10 +23,14 @@ when it is not asked for, cannot run here, or no longer fits the budget:
             when its weights were carried (`--smollm2`: a folder of parts from `online.gpu_check.carry`, the
             GGUF, or a dequantised model folder), with the policies carried (`--policy`, e.g. the
             demo's LTD), else with static tree shapes only
+  serving   every serving method under one load trace on SmolLM2 and the shipped head (issue P item 7;
+            online/gpu_check/serving.py): collect, profile, tune, a trace, train-load, then
+            `validate --load-trace` with the replay of the same trace beside each method
 
-Outputs under --out (at most 7 files, none in subfolders: what a device call can bring back):
+Outputs under --out (at most 8 files, none in subfolders: what a device call can bring back):
 gpu_report.md (tables for BENCHMARKS.md), gpu_report.json (every number and the environment
-fingerprint), tests.log, validate_report.md with its PNGs. Both reports are rewritten after every
+fingerprint), tests.log, validate_report.md with its PNGs, gpu_profile.parquet, serving_report.md,
+serving_profile.parquet. Both reports are rewritten after every
 step, so a run stopped from outside still leaves what it had.
 
 --dry-run runs every step at tiny size on the CPU (a tiny random Llama, pytest only collecting),
@@ -36,11 +40,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
-import os
-import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,8 +51,7 @@ from pathlib import Path
 from pipeline.cliargs import comma_list, parse_positive_ints
 from pipeline.errors import DraftGymError, first_line
 
-STEPS = ("tests", "lossless", "latency", "profile", "kernels", "validate")
-TEST_DEVICE_ENV = "DRAFTGYM_TEST_DEVICE"       # read by tests/online/test_on_device.py
+STEPS = ("tests", "lossless", "latency", "profile", "kernels", "validate", "serving")
 ROOT = Path(__file__).resolve().parents[2]
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
@@ -64,9 +63,11 @@ TINY_LLAMA = dict(LLAMA31_8B, vocab_size=512, hidden_size=64, intermediate_size=
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16384)
 # the draft vocabulary of the published EAGLE-3 head for Llama-3.1-8B-Instruct
 DRAFT_VOCAB = {"llama-3.1-8b": 32000, "tiny": 256}
-# the share of the whole budget a step may take at most (validate takes what is left)
-STEP_SHARE = {"tests": 0.2, "lossless": 0.2, "latency": 0.3, "profile": 0.3, "kernels": 0.1, "validate": 1.0}
-MIN_START_S = {"tests": 45, "lossless": 60, "latency": 60, "profile": 60, "kernels": 30, "validate": 90}   # not worth starting with less
+# the share of the whole budget a step may take at most (validate and serving take what is left)
+STEP_SHARE = {"tests": 0.2, "lossless": 0.2, "latency": 0.3, "profile": 0.3, "kernels": 0.1, "validate": 1.0, "serving": 1.0}
+MIN_START_S = {"tests": 45, "lossless": 60, "latency": 60, "profile": 60, "kernels": 30, "validate": 90,
+               "serving": 120}   # not worth starting with less
+LAST = ("validate", "serving")               # these load SmolLM2: the big target is freed first
 # what the check runs on: pyproject.toml's pins of these must hold here (the GPU image's own versions
 # may be older, e.g. a transformers that ignores the forward's `cache=`: every result would be wrong)
 RUNTIME_PACKAGES = ("torch", "transformers", "accelerate", "safetensors", "numpy", "pyarrow", "huggingface-hub")
@@ -112,6 +113,16 @@ class CheckConfig:
     validate_sets: int = 2                               # validate: mt-bench, humaneval (those installed)
     validate_prompts: int = 5
     validate_new_tokens: int = 64
+    serving_batch_sizes: tuple = (1, 2, 4, 8, 16)        # serving: profiled, tuned, the trace's loads; the largest = max batch
+    serving_verify_sizes: tuple = (1, 2, 4, 8, 16, 32, 60)   # serving: V profiled at each B (60: the EAGLE-3 default tree validate serves)
+    serving_context: int = 128                           # serving: the context (and prefill) profiled
+    serving_repeats: int = 3                             # serving: profile rounds
+    serving_prompts: int = 12                            # serving: prompts collected and served (request k: prompt k mod N)
+    serving_new_tokens: int = 64
+    serving_requests_per_rate: int = 6                   # serving: the trace's requests per load level
+    serving_runs: int = 3                                # serving: validate --runs
+    serving_train_steps: int = 30000                     # serving: train-load's PPO steps (0: no learned policy)
+    serving_train_reserve_s: float = 150.0               # serving: train only with this much of the step left
     work: str | None = None                              # scratch folder (default: a new temp folder)
     commit: str | None = None                            # the checkout's commit, where the tree travels without .git
     command: str = field(default_factory=lambda: " ".join(sys.argv))
@@ -125,7 +136,9 @@ def dry_run_sizes(cfg: CheckConfig) -> CheckConfig:
                    repeats=2, cycle_tokens=6, batch_sizes=(1, 2), batch_steps=2, collect_prompts=2, collect_tokens=4, profile_widths=(1, 2),
                    profile_verify_sizes=(1, 4), profile_contexts=(8,), profile_batch_sizes=(1, 2),
                    profile_prefill_lengths=(8,), profile_repeats=2, validate_sets=1, validate_prompts=1,
-                   validate_new_tokens=4)
+                   validate_new_tokens=4, serving_batch_sizes=(1, 2), serving_verify_sizes=(1, 2), serving_context=8,
+                   serving_repeats=1, serving_prompts=2, serving_new_tokens=4, serving_requests_per_rate=2, serving_runs=1,
+                   serving_train_steps=64, serving_train_reserve_s=0.0)
 
 
 class Budget:
@@ -133,9 +146,9 @@ class Budget:
 
     def __init__(self, seconds: float, steps=STEPS):
         self.t0, self.seconds = time.perf_counter(), seconds
-        # without validate (which takes what is left), the shares of the steps asked for fill the budget
+        # without validate or serving (which take what is left), the shares of the steps asked for fill the budget
         total = sum(STEP_SHARE[s] for s in steps)
-        self.share = dict(STEP_SHARE) if "validate" in steps else {s: STEP_SHARE[s] / total for s in steps}
+        self.share = dict(STEP_SHARE) if set(LAST) & set(steps) else {s: STEP_SHARE[s] / total for s in steps}
 
     def left(self) -> float:
         return self.seconds - (time.perf_counter() - self.t0)
@@ -173,45 +186,6 @@ def unmet_requirements(installed=None) -> list[str]:
         if have is None or not req.specifier.contains(have, prereleases=True):
             out.append(f"{req.name} {have or 'missing'} (pyproject.toml: {req})")
     return out
-
-
-# -- step 1: the gpu-marked tests -------------------------------------------------------------------
-
-def gpu_test_files() -> list[str]:
-    """The test files that hold `gpu`-marked tests (only these are collected: others may import
-    packages the GPU machine lacks)."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                  if "mark.gpu" in p.read_text())
-
-
-def pytest_counts(text: str) -> dict:
-    """{'passed': 7, 'failed': 1, ...} from pytest's closing line (or 'collected' with --collect-only)."""
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)", text)}
-    m = re.search(r"(\d+)(?:/\d+)? tests? collected", text)
-    if m:
-        counts["collected"] = int(m.group(1))
-    return counts
-
-
-def run_tests(cfg: CheckConfig, deadline: float, out: Path) -> dict:
-    if importlib.util.find_spec("pytest") is None:
-        return {"status": "skipped", "reason": "pytest is not installed here (carry its wheel: docs/gpu.md)"}
-    files = gpu_test_files()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files]
-    cmd += ["--collect-only"] if cfg.dry_run else []
-    env = {**os.environ, TEST_DEVICE_ENV: cfg.device, "PYTHONUNBUFFERED": "1"}
-    timeout = max(1.0, deadline - time.perf_counter())
-    try:
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        text, rc = r.stdout + r.stderr, r.returncode
-    except subprocess.TimeoutExpired as e:
-        text, rc = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), None
-    (out / "tests.log").write_text(f"$ {' '.join(cmd)}\n{TEST_DEVICE_ENV}={cfg.device}\n\n{text}")
-    counts = pytest_counts(text.strip().splitlines()[-1] if text.strip() else "")
-    res = {"files": files, "device": cfg.device, "collect_only": cfg.dry_run, "counts": counts, "returncode": rc}
-    if rc is None:
-        return {**res, "status": "failed", "reason": f"pytest ran past its {timeout:.0f} s share of the budget"}
-    return {**res, "status": "ok" if rc == 0 else "failed", "reason": None if rc == 0 else f"pytest exit {rc}"}
 
 
 # -- the random target and head (steps 2 and 3) ----------------------------------------------------
@@ -262,6 +236,8 @@ def run_check(cfg: CheckConfig) -> dict:
     from online.gpu_check.latency import profile_latency
     from online.gpu_check.profile import gpu_profile
     from online.gpu_check.report import write_reports
+    from online.gpu_check.pytest_step import run_tests
+    from online.gpu_check.serving import run_serving_step
     from online.gpu_check.validate import run_validate_step
     from pipeline.runtime.fingerprint import environment_fingerprint
 
@@ -302,6 +278,7 @@ def run_check(cfg: CheckConfig) -> dict:
         "profile": lambda dl: gpu_profile(cfg, dl, *model_and_head(), work, out),
         "kernels": lambda dl: kernel_traces(cfg, dl, *model_and_head()),
         "validate": lambda dl: run_validate_step(cfg, work, out, TINY_LLAMA),
+        "serving": lambda dl: run_serving_step(cfg, dl, work, out, TINY_LLAMA),
     }
     for step in STEPS:
         t0 = time.perf_counter()
@@ -311,7 +288,7 @@ def run_check(cfg: CheckConfig) -> dict:
             res = {"status": "skipped", "reason": f"time budget: {max(budget.left(), 0):.0f} s left, "
                                                   f"the step needs at least {need} s"}
         else:
-            if step == "validate":                      # free the big target first
+            if step in LAST:                            # free the big target first
                 state.clear()
                 gc.collect()
                 if dev.type == "cuda":
@@ -362,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", action="append", default=[], help="validate: a policy checkpoint folder (repeatable)")
     ap.add_argument("--logs", default=None, help="validate: acceptance logs for grid-best and sim-vs-real")
     ap.add_argument("--logs-dtype", default=None, help="validate: the logs' dtype when not --dtype")
+    ap.add_argument("--serving-batch-sizes", default=None,
+                    help="serving: batch sizes profiled, tuned and loaded by the trace; the largest is the max batch (default 1,2,4,8,16)")
+    ap.add_argument("--serving-runs", type=int, default=None, help="serving: validate --load-trace runs (default 3)")
+    ap.add_argument("--serving-train-steps", type=int, default=None,
+                    help="serving: train-load's steps for the learned load-aware policy, 0 = none (default 30000)")
     ap.add_argument("--work", default=None, help="scratch folder (default: a new temp folder)")
     ap.add_argument("--commit", default=None,
                     help="the commit to record where the working tree travelled without .git (default: git's answer)")
@@ -381,10 +363,16 @@ def main(argv: list[str] | None = None) -> int:
                 and parse_positive_ints(args.lossless_batch_sizes, "--lossless-batch-sizes"),
                 "profile_batch_sizes": args.profile_batch_sizes
                 and parse_positive_ints(args.profile_batch_sizes, "--profile-batch-sizes"),
-                "profile_contexts": args.profile_contexts and parse_positive_ints(args.profile_contexts, "--profile-contexts")}
+                "profile_contexts": args.profile_contexts and parse_positive_ints(args.profile_contexts, "--profile-contexts"),
+                "serving_batch_sizes": args.serving_batch_sizes
+                and parse_positive_ints(args.serving_batch_sizes, "--serving-batch-sizes"),
+                "serving_runs": args.serving_runs, "serving_train_steps": args.serving_train_steps}
         cfg = replace(cfg, **{k: v for k, v in over.items() if v is not None})
         if cfg.minutes <= 0:
             raise DraftGymError(f"--minutes must be > 0, got {cfg.minutes}")
+        if cfg.serving_runs < 1 or cfg.serving_train_steps < 0:
+            raise DraftGymError(f"--serving-runs must be >= 1 and --serving-train-steps >= 0, got "
+                                f"{cfg.serving_runs} and {cfg.serving_train_steps}")
         report = run_check(cfg)
     except DraftGymError as e:
         print(f"draftgym: error: {e}", file=sys.stderr)

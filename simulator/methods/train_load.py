@@ -100,6 +100,7 @@ class LoadTrainConfig:
     dtype: str | None = None              # the logs' dtype (default: the only one)
     profile: str | None = None            # latency profile_id (default: the newest of the logs' dtype)
     latency: str | None = None            # root holding latency/ (default: --logs)
+    latency_model: str | None = None      # time the logs with this model's profile (a what-if; tune.load_inputs)
     as_json: bool = False                 # print the summary as one JSON object
     progress: bool = True                 # progress bar
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(

@@ -70,6 +70,7 @@ class TuneConfig:
     dtype: str | None = None              # the logs' dtype (default: the only one)
     profile: str | None = None            # latency profile_id (default: the newest of the logs' dtype)
     latency: str | None = None            # root holding latency/ (default: --logs)
+    latency_model: str | None = None      # time the logs with this model's profile (a what-if; tune.load_inputs)
     plot: str | None = None               # PNG of tokens/s against B per shape
     as_json: bool = False                 # print one JSON object
     max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
@@ -92,10 +93,17 @@ def load_inputs(cfg, split: str | None = None, seed: int = 0, window_note: bool 
     logs = src.sample(cfg.max_positions_in_memory, seed=seed)
     for note in logs.notes[len(src.notes):] if window_note else ():   # the window's (stderr: --json stays one object)
         print("note: " + note, file=sys.stderr)
-    lat = LatencyModel.from_logs(cfg.latency or cfg.logs, model=logs.model, profile=cfg.profile, dtype=logs.dtype,
-                                 trust=True)
-    if lat.meta.get("trust_note"):             # stderr: a --json stdout stays one object
-        print("note: " + lat.meta["trust_note"], file=sys.stderr)
+    what_if = getattr(cfg, "latency_model", None)
+    # a what-if times the logs with another model's profile, in that profile's own dtype
+    lat = LatencyModel.from_logs(cfg.latency or cfg.logs, model=what_if or logs.model, profile=cfg.profile,
+                                 dtype=None if what_if else logs.dtype, trust=True)
+    if what_if:
+        lat.meta["what_if"] = (f"what-if: the acceptance of {logs.model} ({logs.dtype} logs) with the step costs of "
+                               f"{lat.meta.get('model_id')}'s profile {lat.meta.get('profile_id')} "
+                               f"({lat.meta.get('device')}): the mechanics, not that model's figures")
+    for key in ("trust_note", "what_if"):      # stderr: a --json stdout stays one object
+        if lat.meta.get(key):
+            print("note: " + lat.meta[key], file=sys.stderr)
     return logs, lat
 
 
@@ -245,11 +253,11 @@ def run_tune_command(cfg: TuneConfig) -> int:
     rows, room = summary_rows(res), headroom(res)
     if cfg.as_json:
         print(json.dumps({"schedule": sched.to_json()["ranges"], "per_batch": rows, "headroom": room, "out": str(out),
-                          "table": str(table), "plot": cfg.plot, "note": note}))
+                          "table": str(table), "plot": cfg.plot, "note": note, "what_if": lat.meta.get("what_if")}))
         return 0
     chunks = f" in {len(parts)} Ray chunks" if parts is not None else ""
     print(f"tuned on {res['sequences']} {cfg.split} sequences{chunks}, {len(res['shapes'])} shapes, latency "
-          f"{lat.meta.get('profile_id')} ({lat.meta.get('device')})")
+          f"{lat.meta.get('profile_id')} ({lat.meta.get('device')})" + (" [what-if]" if lat.meta.get("what_if") else ""))
     print(f"{'B':>5}  {'best shape':<16} {'tokens/s':>10} {'x AR':>6} {'x 2nd':>6}  second")
     for r in rows:
         print(f"{r['batch']:>5}  {r['best']:<16} {r['tokens_per_s']:>10.1f} {r['x_ar']:>6.2f} "

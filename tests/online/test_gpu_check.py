@@ -16,7 +16,7 @@ import pytest
 
 from online.gpu_check import carry
 from online.gpu_check.run import main as gpu_check_main
-from online.gpu_check.run import pytest_counts
+from online.gpu_check.pytest_step import pytest_counts
 from online.gpu_check.validate import prepare_smollm2
 from pipeline.errors import DraftGymError
 
@@ -38,12 +38,14 @@ def run_blocked(code: str, timeout: float = 600) -> subprocess.CompletedProcess:
 # -- gpu_check --------------------------------------------------------------------------------------
 
 def test_gpu_check_modules_import_without_cpu_only_packages():
-    """Every module the check (and the validate paths it may take: --logs, --policy) imports."""
+    """Every module the check (and the validate paths it may take: --logs, --policy; the serving step's commands) imports."""
     mods = ["online.gpu_check.run", "online.gpu_check.latency", "online.gpu_check.kernels", "online.gpu_check.report", "online.gpu_check.profile",
             "online.gpu_check.carry", "online.validate.batch1",
             "online.adapters.policy", "online.adapters.specs", "pipeline.decode.batch.engine",
             "pipeline.profiling.profile", "simulator.logs.replay_logs", "simulator.latency.model", "simulator.baselines",
             "simulator.evaluate", "simulator.replay", "simulator.policy_specs", "simulator.methods.checkpoint",
+            "online.gpu_check.serving", "online.gpu_check.pytest_step", "online.validate.load", "simulator.serving.tune",
+            "simulator.serve_eval", "simulator.methods.train_load", "pipeline.collect.job", "online.cli",
             "tests.online.test_on_device"]
     r = run_blocked("import importlib\nfor m in %r:\n    importlib.import_module(m)\nprint('ok')" % (mods,))
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
@@ -62,7 +64,7 @@ def test_dry_run_writes_both_reports(tmp_path):
     assert rep["format"] == "draftgym-gpu-check/1" and rep["config"]["dry_run"] and rep["gpu"] is None
     assert {"device", "torch", "transformers", "draftgym_commit"} <= set(rep["environment"])
     steps = rep["steps"]
-    assert list(steps) == ["tests", "lossless", "latency", "profile", "kernels", "validate"]
+    assert list(steps) == ["tests", "lossless", "latency", "profile", "kernels", "validate", "serving"]
     assert all(s["status"] == "ok" and s["wall_s"] >= 0 for s in steps.values()), {k: (s["status"], s.get("reason"))
                                                                                   for k, s in steps.items()}
     assert steps["tests"]["collect_only"] and steps["tests"]["counts"]["collected"] >= 5
@@ -100,6 +102,18 @@ def test_dry_run_writes_both_reports(tmp_path):
                     "GPU latency profile `gpu_profile.parquet`", "| B | V = 1 | V = 4 |"):
         assert heading in md, heading
     assert (out / "tests.log").is_file() and (out / "validate_report.md").is_file()
+    srv = steps["serving"]                             # P item 7: every serving method under one trace
+    assert [c["command"].split()[1] for c in srv["commands"]] == ["collect", "profile", "tune", "serve-eval",
+                                                                    "train-load", "validate"]
+    names = [r["name"] for r in srv["rows"]]
+    assert names[0] == "AR" and {"schedule (per B)", "vLLM EAGLE-3 example", "SGLang adaptive",
+                                 "SGLang throughput-aware"} <= set(names) and names[-1].startswith("learned")
+    assert all(r["lossless"]["mismatch"] == 0 and r["tokens_per_s"] > 0 and r["replay_tokens_per_s"] > 0
+               for r in srv["rows"]) and srv["trace"]["requests"] == 4
+    served = LatencyModel.from_rows(pq.read_table(out / "serving_profile.parquet"))
+    assert served.batch_levels == [1, 2] and served.meta["profile_id"] == srv["profile_id"]
+    assert "| method | tokens/s | x AR | tau | drafts/step | mean B | replay tokens/s (error)" in md
+    assert (out / "serving_report.md").read_text().startswith("# validate --load-trace")
     assert len(list(out.iterdir())) <= 8 and all(p.is_file() for p in out.iterdir())   # what a device call brings back
 
 
@@ -108,7 +122,7 @@ def test_budget_skips_every_step_cleanly(tmp_path):
     out = tmp_path / "out"
     assert gpu_check_main(["--dry-run", "--minutes", "1e-9", "--out", str(out)]) == 0
     rep = json.loads((out / "gpu_report.json").read_text())
-    assert [s["status"] for s in rep["steps"].values()] == ["skipped"] * 6
+    assert [s["status"] for s in rep["steps"].values()] == ["skipped"] * 7
     assert all("time budget" in s["reason"] for s in rep["steps"].values())
     assert "time budget" in (out / "gpu_report.md").read_text()
 
@@ -119,7 +133,8 @@ def test_without_cuda_or_with_bad_arguments_it_fails_in_one_line(tmp_path, capsy
     if not torch.cuda.is_available():
         assert gpu_check_main(["--out", str(tmp_path / "a")]) == 2
         assert capsys.readouterr().err.strip().startswith("draftgym: error: no CUDA device here")
-    for bad in (["--steps", "tests,bogus"], ["--shapes", "8,10"], ["--minutes", "0"], ["--contexts", "0"]):
+    for bad in (["--steps", "tests,bogus"], ["--shapes", "8,10"], ["--minutes", "0"], ["--contexts", "0"],
+                ["--serving-runs", "0"], ["--serving-train-steps", "-1"], ["--serving-batch-sizes", "0,4"]):
         assert gpu_check_main(["--dry-run", "--out", str(tmp_path / "b"), *bad]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("draftgym: error:") and "\n" not in err, (bad, err)
@@ -240,6 +255,6 @@ def test_validate_prompts_fall_back_to_a_file_without_the_dataset_packages(tmp_p
 
 def test_the_tests_read_the_variable_the_check_sets():
     import tests.online.test_on_device as on_device
-    from online.gpu_check.run import TEST_DEVICE_ENV, gpu_test_files
+    from online.gpu_check.pytest_step import TEST_DEVICE_ENV, gpu_test_files
 
     assert on_device.TEST_DEVICE_ENV == TEST_DEVICE_ENV and "tests/online/test_on_device.py" in gpu_test_files()

@@ -32,7 +32,7 @@ from pipeline.runtime.clock import DeviceClock
 from tests.conftest import make_tiny_llama
 
 pytestmark = pytest.mark.gpu
-TEST_DEVICE_ENV = "DRAFTGYM_TEST_DEVICE"          # online.gpu_check.run sets it
+TEST_DEVICE_ENV = "DRAFTGYM_TEST_DEVICE"          # online.gpu_check.pytest_step sets it
 SHAPES = [(8, 10, 60), (5, 1, 6), (1, 1, 1)]    # (D, W, V): EAGLE-3's default tree, a chain, AR-like
 
 

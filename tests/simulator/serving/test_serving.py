@@ -254,6 +254,36 @@ def test_tune_cli(root, w10_root, tmp_path, capsys):
     assert "draftgym: error: no chain shape" in capsys.readouterr().err
 
 
+def test_tune_what_if_prices_the_logs_with_another_models_profile(root, tmp_path, capsys):
+    """--latency-model: the logs' acceptance, the step costs of another model's profile in its own dtype
+    (issue P item 4: SmolLM2's logs on an 8B target's GPU profile). A copy of the logs' own profile,
+    renamed to another model in bf16 and 3x slower everywhere, gives 1/3 the tokens/s and the same x AR
+    at every B; without the option that profile is not the logs' and is refused in one line."""
+    import pyarrow.parquet as pq
+
+    from simulator.logs.synthetic import write_latency
+
+    rows = [r for f in sorted((root / "latency").rglob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    gpu = tmp_path / "gpu"
+    write_latency(gpu, [{**r, "model_id": "llama-3.1-8b", "dtype": "bfloat16", "profile_id": "h100-8b",
+                         "device": "NVIDIA H100 80GB HBM3 [bfloat16]",
+                         **{k: 3 * r[k] for k in ("median", "p10", "p90", "mean")}} for r in rows])
+    args = ["tune", "--logs", str(root), "--split", "all", "--batch-sizes", "1,4", "--shapes", "chain", "--json"]
+    assert cli(args + ["--out", str(tmp_path / "own.json")]) == 0
+    own = json.loads(capsys.readouterr().out)
+    assert cli(args + ["--out", str(tmp_path / "x.json"), "--latency", str(gpu)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("draftgym: error:") and "synthetic-llm" in err and "\n" not in err
+    assert cli(args + ["--out", str(tmp_path / "x.json"), "--latency", str(gpu), "--latency-model", "llama-3.1-8b"]) == 0
+    cap = capsys.readouterr()
+    rep = json.loads(cap.out)
+    assert rep["what_if"].startswith("what-if: the acceptance of synthetic-llm") and "h100-8b" in rep["what_if"]
+    assert "note: what-if" in cap.err
+    for a, b in zip(own["per_batch"], rep["per_batch"]):
+        assert b["best"] == a["best"] and b["tokens_per_s"] == pytest.approx(a["tokens_per_s"] / 3)
+        assert b["x_ar"] == pytest.approx(a["x_ar"]) and b["tau"] == pytest.approx(a["tau"])
+
+
 # ------------------------------------------------------------------ SGLang's adaptive rule
 
 def test_sglang_adaptive_ema_warmup_and_hysteresis():
