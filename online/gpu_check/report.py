@@ -219,8 +219,10 @@ def serving_section(r: dict) -> list[str]:
               + ". Tuned: " + ", ".join(f"B {t['batch']} -> {t['best']} ({_f(t['x_ar'])}x AR)" for t in r["tuned"])
               + f"; headroom shape {r['headroom']['shape']} (within {_f(r['headroom']['gap'], '{:.3f}')}x of every B's best)."
               + (f" {r['train_note']}." if r.get("train_note") else ""), "",
-              f"`validate --load-trace`: {r['trace']['requests']} requests over {r['trace']['span_s']:.1f} s, "
-              f"{r['runs']} runs (mean +- std); replay of the same trace on the logs and the profile above:", ""]
+              f"`validate --load-trace`: {r['trace']['requests']} requests of the {r['served_split']} split over "
+              f"{r['trace']['span_s']:.1f} s (tune and train-load fit on the {r['fit_split']} split"
+              + ("; the same prompts: in-sample" if r["fit_split"] == r["served_split"] else "")
+              + f"), {r['runs']} runs (mean +- std); replay of the same trace on the logs and the profile above:", ""]
     lines += _table(["method", "tokens/s", "x AR", "tau", "drafts/step", "mean B", "replay tokens/s (error)",
                      "lossless (exact / near-tie / mismatch)"],
                     [[x["name"], f"{_f(x['tokens_per_s'], '{:.1f}')} ± {_f(x['tokens_per_s_std'], '{:.1f}')}", _f(x["x_ar"]),

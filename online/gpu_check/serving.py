@@ -3,8 +3,11 @@
 The embedded SmolLM2 and the shipped head (as the validate step prepares them), from nothing but the
 carried weights, through the commands a user runs, each in this process, in this order:
 
-    collect      acceptance logs of the first `serving_prompts` prompts on this device
-                 (widths 1 and 10: chains and trees), in-process (no Ray on the GPU machines)
+    collect      acceptance logs on this device of the first `serving_prompts` prompts of the set's train
+                 split (what tune and train-load fit on) and of its test split (what is served: no
+                 method was chosen or trained on it), widths 1 and 10 (chains and trees), in-process
+                 (no Ray on the GPU machines); val-split of train-load: train too (mt-bench's val
+                 split holds 6 prompts)
     profile      the batched engine's step costs on this device, B = `serving_batch_sizes`,
                  V = `serving_verify_sizes`, one context, the prefill (into the same logs root, so the
                  replay and SGLang's throughput-aware rule price shapes with this device's costs)
@@ -58,28 +61,40 @@ def _draftgym(argv: list[str], log: list[dict]) -> str:
     return buf.getvalue()
 
 
+def splits(dataset: str) -> tuple[str, str]:
+    """(the split tune and train-load fit on, the split served): a built-in set's train and test splits,
+    so the device serves prompts no method was chosen or trained on; a file of prompts has no splits
+    (both 'all': in-sample, and the report says so)."""
+    from pipeline.datasets import DATASETS
+
+    return ("train", "test") if dataset in DATASETS else ("all", "all")
+
+
 def serving_commands(cfg, model: str, head: str, dataset: str, work: Path) -> dict:
     """The argv of every command (module docstring) but validate's shapes and policy, which depend on
     tune's and train-load's results."""
     logs = str(work / "logs")
     on = ["--device", cfg.device, "--dtype", cfg.dtype]
     bs = _ints(cfg.serving_batch_sizes)
-    prompts = ["--dataset", dataset, "--split", "all", "--n-prompts", str(cfg.serving_prompts)]
+    fit, served = splits(dataset)
+    prompts = lambda split: ["--dataset", dataset, "--split", split, "--n-prompts", str(cfg.serving_prompts)]
+    collect = lambda split: ["collect", "--model", model, "--head", head, *prompts(split), "--max-new-tokens",
+                             str(cfg.serving_new_tokens), "--widths", "1,10", "--out", logs, "--no-ray", "--no-progress", *on]
     return {
-        "collect": ["collect", "--model", model, "--head", head, *prompts, "--max-new-tokens", str(cfg.serving_new_tokens),
-                    "--widths", "1,10", "--out", logs, "--no-ray", "--no-progress", *on],
+        "collect": collect(fit),
+        "collect-served": collect(served),
         "profile": ["profile", "--model", model, "--head", head, "--batch-sizes", bs, "--widths", "1,10", "--verify-sizes",
                     _ints(cfg.serving_verify_sizes), "--contexts", str(cfg.serving_context), "--prefill-lengths",
                     str(cfg.serving_context), "--repeats", str(cfg.serving_repeats), "--out", logs, "--no-progress", *on],
-        "tune": ["tune", "--logs", logs, "--split", "all", "--batch-sizes", bs, "--out", str(work / "schedule.json"),
+        "tune": ["tune", "--logs", logs, "--split", fit, "--batch-sizes", bs, "--out", str(work / "schedule.json"),
                  "--json", "--no-progress"],
-        "trace": ["serve-eval", "--logs", logs, "--split", "all", "--tune-split", "all", "--batch-sizes", bs,
+        "trace": ["serve-eval", "--logs", logs, "--split", served, "--tune-split", fit, "--batch-sizes", bs,
                   "--target-batches", bs, "--requests-per-rate", str(cfg.serving_requests_per_rate), "--max-batch",
                   str(max(cfg.serving_batch_sizes)), "--write-trace", str(work / "trace.txt")],
-        "train-load": ["train-load", "--logs", logs, "--out", str(work / "policy"), "--split", "all", "--val-split", "all",
+        "train-load": ["train-load", "--logs", logs, "--out", str(work / "policy"), "--split", fit, "--val-split", fit,
                        "--max-batch", str(max(cfg.serving_batch_sizes)), "--tune-batches", bs, "--target-batches", bs,
                        "--steps", str(cfg.serving_train_steps), "--no-progress"],
-        "validate": ["validate", "--model", model, "--head", head, *prompts, "--load-trace", str(work / "trace.txt"),
+        "validate": ["validate", "--model", model, "--head", head, *prompts(served), "--load-trace", str(work / "trace.txt"),
                      "--max-batch", str(max(cfg.serving_batch_sizes)), "--schedule", str(work / "schedule.json"),
                      "--logs", logs, "--runs", str(cfg.serving_runs), "--max-new-tokens", str(cfg.serving_new_tokens),
                      "--out", str(work / "load"), "--no-progress", *on],
@@ -106,7 +121,7 @@ def run_serving_step(cfg, deadline: float, work: Path, out: Path, tiny_shape: di
         model, head = "smollm2-135m", "default"
     dataset = validate_prompt_sets(work, 1)[0]
     cmds, log = serving_commands(cfg, model, head, dataset, work), []
-    for name in ("collect", "profile"):
+    for name in ("collect", "collect-served", "profile") if cmds["collect"] != cmds["collect-served"] else ("collect", "profile"):
         _draftgym(cmds[name], log)
     lat = LatencyModel.from_logs(work / "logs", trust=True)
     profile = next((work / "logs" / "latency").rglob("*.parquet"))
@@ -145,5 +160,6 @@ def run_serving_step(cfg, deadline: float, work: Path, out: Path, tiny_shape: di
             "commands": log, "profile_file": PROFILE_FILE, "profile_id": lat.meta.get("profile_id"),
             "ar_ms": {B: 1e3 * float(lat.t_ar(c0, batch=B)) for B in lat.batch_levels},
             "schedule": tuned["schedule"], "tuned": tuned["per_batch"], "headroom": tuned["headroom"],
-            "static": static, "trace": rep["trace"], "runs": cfg.serving_runs, "rows": rows,
+            "static": static, "fit_split": splits(dataset)[0], "served_split": splits(dataset)[1],
+            "trace": rep["trace"], "runs": cfg.serving_runs, "rows": rows,
             "replay_note": rep.get("replay_note"), "train_note": train_note, "report_file": REPORT_FILE}

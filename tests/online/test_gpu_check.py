@@ -103,8 +103,10 @@ def test_dry_run_writes_both_reports(tmp_path):
         assert heading in md, heading
     assert (out / "tests.log").is_file() and (out / "validate_report.md").is_file()
     srv = steps["serving"]                             # P item 7: every serving method under one trace
-    assert [c["command"].split()[1] for c in srv["commands"]] == ["collect", "profile", "tune", "serve-eval",
+    assert [c["command"].split()[1] for c in srv["commands"]] == ["collect", "collect", "profile", "tune", "serve-eval",
                                                                     "train-load", "validate"]
+    assert (srv["fit_split"], srv["served_split"]) == ("train", "test")       # served prompts are held out
+    assert "--split test" in srv["commands"][-1]["command"] and "--split train" in srv["commands"][3]["command"]
     names = [r["name"] for r in srv["rows"]]
     assert names[0] == "AR" and {"schedule (per B)", "vLLM EAGLE-3 example", "SGLang adaptive",
                                  "SGLang throughput-aware"} <= set(names) and names[-1].startswith("learned")
