@@ -104,21 +104,14 @@ def serving_commands(cfg, model: str, head: str, dataset: str, work: Path) -> di
 def run_serving_step(cfg, deadline: float, work: Path, out: Path, tiny_shape: dict) -> dict:
     """The commands of the module docstring; a summary for gpu_report.json (status failed on a lossless
     mismatch; train-load skipped, and named, when the deadline leaves too little for it)."""
-    from online.gpu_check.validate import prepare_smollm2, tiny_model_dir, validate_prompt_sets
+    from online.gpu_check.validate import smollm2_or_tiny, validate_prompt_sets
     from online.validate.common import ValidateConfig
     from simulator.latency.model import LatencyModel
 
     work = work / "serving"
-    if cfg.dry_run:
-        model_dir = tiny_model_dir(work, tiny_shape)
-        if model_dir is None:
-            return {"status": "skipped", "reason": "dry run: no SmolLM2 tokenizer in the cache for the tiny model"}
-        model, head = str(model_dir), "random"
-    else:
-        why = prepare_smollm2(cfg.smollm2, work)
-        if why:
-            return {"status": "skipped", "reason": why}
-        model, head = "smollm2-135m", "default"
+    model, head, why = smollm2_or_tiny(cfg, work, tiny_shape)
+    if why:
+        return {"status": "skipped", "reason": why}
     dataset = validate_prompt_sets(work, 1)[0]
     cmds, log = serving_commands(cfg, model, head, dataset, work), []
     for name in ("collect", "collect-served", "profile") if cmds["collect"] != cmds["collect-served"] else ("collect", "profile"):

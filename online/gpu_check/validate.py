@@ -112,22 +112,27 @@ def tiny_model_dir(work: Path, shape: dict) -> Path | None:
     return d
 
 
+def smollm2_or_tiny(cfg, work: Path, tiny_shape: dict) -> tuple[str | None, str | None, str | None]:
+    """(model, head, None) the validate and serving steps decode with: the carried SmolLM2 and the shipped
+    head, or in a dry run a tiny random Llama with a random head; (None, None, why) where neither is here."""
+    if cfg.dry_run:
+        model_dir = tiny_model_dir(work, tiny_shape)
+        if model_dir is None:
+            return None, None, "dry run: no SmolLM2 tokenizer in the cache for the tiny model"
+        return str(model_dir), "random", None
+    why = prepare_smollm2(cfg.smollm2, work)
+    return (None, None, why) if why else ("smollm2-135m", "default", None)
+
+
 def run_validate_step(cfg, work: Path, out: Path, tiny_shape: dict) -> dict:
     """`draftgym validate` with the check's settings (a CheckConfig); its report.md and PNGs copied to `out`."""
     from online.validate.common import ValidateConfig
     from online.validate.batch1 import run_validate
     from pipeline.decode.controller import EAGLE3_DEFAULT_SHAPE
 
-    if cfg.dry_run:
-        model_dir = tiny_model_dir(work, tiny_shape)
-        if model_dir is None:
-            return {"status": "skipped", "reason": "dry run: no SmolLM2 tokenizer in the cache for the tiny model"}
-        model, head = str(model_dir), "random"
-    else:
-        why = prepare_smollm2(cfg.smollm2, work)
-        if why:
-            return {"status": "skipped", "reason": why}
-        model, head = "smollm2-135m", "default"
+    model, head, why = smollm2_or_tiny(cfg, work, tiny_shape)
+    if why:
+        return {"status": "skipped", "reason": why}
     # validate always runs AR and the static EAGLE-3 default; the other shapes stand in for a policy
     # (two at most: with four, validate outruns a device call's time limit)
     policies = list(cfg.policies) or [f"static:{','.join(map(str, s))}" for s in cfg.shapes
