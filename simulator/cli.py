@@ -220,8 +220,8 @@ def _serving_logs_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None,
                    help="latency profile_id, profiled at several batch sizes (default: the newest of the logs' dtype)")
     p.add_argument("--latency", default=None, help="root holding latency/ (default: --logs)")
-    p.add_argument("--latency-model", default=None, metavar="MODEL", help="a what-if: the logs' acceptance, the step "
-                   "costs of MODEL's profile (e.g. llama-3.1-8b on a GPU) in its own dtype; said in every output")
+    p.add_argument("--latency-model", default=None, metavar="MODEL", help="a what-if: the logs' acceptance, the step costs "
+                   "of MODEL's profile (e.g. llama-3.1-8b on a GPU) in its dtype; every output says so (default: the logs')")
 
 
 def add_tune(sub: argparse._SubParsersAction) -> None:
