@@ -134,6 +134,7 @@ def run_serving_step(cfg, deadline: float, work: Path, out: Path, tiny_shape: di
         else:
             train_note = (f"train-load skipped: {left:.0f} s left of the step, it needs {cfg.serving_train_reserve_s:.0f} "
                           f"s beside validate")
+    (work / "load" / "report.json").unlink(missing_ok=True)       # a rerun in the same --work reads only its own
     try:
         _draftgym(validate, log)
     except Exception:
