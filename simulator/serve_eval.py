@@ -41,7 +41,6 @@ import numpy as np
 
 from pipeline.cliargs import comma_list, parse_positive_ints
 from pipeline.errors import DataError, DraftGymError
-from simulator.logs.stream import DEFAULT_MAX_POSITIONS
 from simulator.serving import arrivals as arr
 from simulator.serving import metrics
 from simulator.serving import shapes as S
@@ -51,13 +50,12 @@ from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
 from simulator.serving.choosers.sglang_adaptive import SGLangAdaptive, load_config
 from simulator.serving.choosers.sglang_throughput import SGLangThroughput
-from simulator.serving.tune import load_inputs, profiled_candidates, tune
+from simulator.serving.tune import ServingLogsConfig, load_inputs, profiled_candidates, tune
 
 
 @dataclass
-class ServeEvalConfig:
-    """`draftgym serve-eval` settings."""
-    logs: str = ""                        # logs root (sequences/, positions/, latency/) (required)
+class ServeEvalConfig(ServingLogsConfig):
+    """`draftgym serve-eval` settings (and ServingLogsConfig's)."""
     split: str = "test"                   # split the requests replay
     tune_split: str = "val"               # split the schedule and the best static shape are chosen on
     schedule: str | None = None           # a schedule JSON (default: tune one here)
@@ -77,15 +75,7 @@ class ServeEvalConfig:
     policies: tuple = ()                  # load-aware policy directories (`draftgym train-load`) to replay too
     out: str | None = None                # write the table as JSON
     write_trace: str | None = None        # write the arrival times to this file and exit (no replay)
-    model: str | None = None
-    temperature: float | None = None
-    dataset: str | None = None
-    dtype: str | None = None
-    profile: str | None = None
-    latency: str | None = None
-    latency_model: str | None = None      # time the logs with this model's profile (a what-if; tune.load_inputs)
     as_json: bool = False
-    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
 
 
 def make_arrivals(cfg: ServeEvalConfig, logs, lat) -> tuple[np.ndarray, dict]:

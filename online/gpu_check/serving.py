@@ -113,8 +113,8 @@ def run_serving_step(cfg, deadline: float, work: Path, out: Path, tiny_shape: di
     if why:
         return {"status": "skipped", "reason": why}
     dataset = validate_prompt_sets(work, 1)[0]
-    cmds, log = serving_commands(cfg, model, head, dataset, work), []
-    for name in ("collect", "collect-served", "profile") if cmds["collect"] != cmds["collect-served"] else ("collect", "profile"):
+    (fit, served), cmds, log = splits(dataset), serving_commands(cfg, model, head, dataset, work), []
+    for name in ("collect", "collect-served", "profile") if fit != served else ("collect", "profile"):
         _draftgym(cmds[name], log)
     lat = LatencyModel.from_logs(work / "logs", trust=True)
     profile = next((work / "logs" / "latency").rglob("*.parquet"))
@@ -154,6 +154,6 @@ def run_serving_step(cfg, deadline: float, work: Path, out: Path, tiny_shape: di
             "commands": log, "profile_file": PROFILE_FILE, "profile_id": lat.meta.get("profile_id"),
             "ar_ms": {B: 1e3 * float(lat.t_ar(c0, batch=B)) for B in lat.batch_levels},
             "schedule": tuned["schedule"], "tuned": tuned["per_batch"], "headroom": tuned["headroom"],
-            "static": static, "fit_split": splits(dataset)[0], "served_split": splits(dataset)[1],
+            "static": static, "fit_split": fit, "served_split": served,
             "trace": rep["trace"], "runs": cfg.serving_runs, "rows": rows,
             "replay_note": rep.get("replay_note"), "train_note": train_note, "report_file": REPORT_FILE}

@@ -47,7 +47,6 @@ import numpy as np
 
 from pipeline.cliargs import parse_positive_ints
 from pipeline.errors import DataError, DraftGymError
-from simulator.logs.stream import DEFAULT_MAX_POSITIONS
 from simulator.methods.checkpoint import save_policy
 from simulator.methods.resps.serving_policy import LoadAwarePolicy
 from simulator.serving import arrivals as arr
@@ -62,7 +61,7 @@ from simulator.methods.ltd import serving_train as train_ltd
 from simulator.methods.radar import serving_train as train_radar
 from simulator.methods.ltd.serving_train import LTDLoadConfig
 from simulator.methods.radar.serving_train import RadarLoadConfig
-from simulator.serving.tune import load_inputs, tune
+from simulator.serving.tune import ServingLogsConfig, load_inputs, tune
 from simulator.train.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
 
 METHODS = ("resps", "ltd", "radar")
@@ -72,9 +71,8 @@ MODULES = {"ltd": train_ltd, "radar": train_radar}          # action_shapes(logs
 
 
 @dataclass
-class LoadTrainConfig:
-    """`draftgym train-load` settings."""
-    logs: str = ""                        # logs root (sequences/, positions/, latency/ with batch rows) (required)
+class LoadTrainConfig(ServingLogsConfig):
+    """`draftgym train-load` settings (and ServingLogsConfig's: its logs root needs latency rows at several B)."""
     out: str = ""                         # policy directory (required)
     method: str = "resps"                 # resps: an MLP picks the step's shape from a list (PPO) | ltd: a depth and
                                           # a size head (PPO) | radar: stop / continue per depth (REINFORCE)
@@ -94,13 +92,6 @@ class LoadTrainConfig:
     steps: int = 100_000                  # decisions (env steps over all envs)
     val_requests_per_rate: int = 16       # requests per rate of the validation sweep
     seed: int = 0                         # nets, rollouts, arrivals
-    model: str | None = None              # model partition (default: the only one)
-    temperature: float | None = None      # temperature partition (default: the only one)
-    dataset: str | None = None            # comma-separated datasets (default: all)
-    dtype: str | None = None              # the logs' dtype (default: the only one)
-    profile: str | None = None            # latency profile_id (default: the newest of the logs' dtype)
-    latency: str | None = None            # root holding latency/ (default: --logs)
-    latency_model: str | None = None      # time the logs with this model's profile (a what-if; tune.load_inputs)
     as_json: bool = False                 # print the summary as one JSON object
     progress: bool = True                 # progress bar
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(
@@ -109,7 +100,6 @@ class LoadTrainConfig:
         amp="off"))                       # nets this small gain nothing from bf16 (its casts cost more)
     ltd: LTDLoadConfig = field(default_factory=LTDLoadConfig)          # --method ltd (W, Dmax, V grid, PPO)
     radar: RadarLoadConfig = field(default_factory=RadarLoadConfig)    # --method radar (W, Dmax, V(D), REINFORCE)
-    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
 
 
 def resolve_method(method: str) -> str:

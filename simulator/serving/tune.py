@@ -55,25 +55,31 @@ from simulator.serving.schedule import Schedule
 
 
 @dataclass
-class TuneConfig:
-    """`draftgym tune` settings."""
+class ServingLogsConfig:
+    """Which logs and latency profile tune, serve-eval and train-load replay (`load_inputs` reads these;
+    simulator/cli.py's `_serving_logs_args` gives their options)."""
     logs: str = ""                        # logs root (sequences/, positions/, latency/) (required)
-    out: str = ""                         # schedule JSON to write, the table goes to <out>.csv (required)
-    batch_sizes: str = "1,2,4,8,16,32"    # batch sizes to tune at
-    shapes: str = "all"                   # candidate shapes: chain | tree | all (off is always one)
-    split: str = "val"                    # the split the choice is made on
-    requests_per_slot: int = 4            # closed batch: max(S, this x B) requests (the split's sequences cycled)
-    max_batch: int | None = None          # the last range reaches this batch size (default: the largest tuned B)
     model: str | None = None              # model partition (default: the only one)
     temperature: float | None = None      # temperature partition (default: the only one)
     dataset: str | None = None            # comma-separated datasets (default: all)
     dtype: str | None = None              # the logs' dtype (default: the only one)
     profile: str | None = None            # latency profile_id (default: the newest of the logs' dtype)
     latency: str | None = None            # root holding latency/ (default: --logs)
-    latency_model: str | None = None      # time the logs with this model's profile (a what-if; tune.load_inputs)
+    latency_model: str | None = None      # time the logs with this model's profile (a what-if; load_inputs)
+    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
+
+
+@dataclass
+class TuneConfig(ServingLogsConfig):
+    """`draftgym tune` settings (and ServingLogsConfig's)."""
+    out: str = ""                         # schedule JSON to write, the table goes to <out>.csv (required)
+    batch_sizes: str = "1,2,4,8,16,32"    # batch sizes to tune at
+    shapes: str = "all"                   # candidate shapes: chain | tree | all (off is always one)
+    split: str = "val"                    # the split the choice is made on
+    requests_per_slot: int = 4            # closed batch: max(S, this x B) requests (the split's sequences cycled)
+    max_batch: int | None = None          # the last range reaches this batch size (default: the largest tuned B)
     plot: str | None = None               # PNG of tokens/s against B per shape
     as_json: bool = False                 # print one JSON object
-    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
     ray: bool = False                     # all positions, in chunks of max_positions_in_memory, as Ray tasks
     progress: bool = True                 # progress bar of the Ray chunks
 
