@@ -24,6 +24,18 @@ chooser (online/adapters/chooser.py):
                            confidence is the engine's measured depth-1 log-prob, in the replay the
                            logs' (simulator/serving/choosers/learned.py); confidence depth must be <= 1
 
+Cost and path: with --logs, each method's steps on the device are also priced by the profile, each
+at its own shape, batch size and step context (LatencyModel.t_step, as the replay prices its steps),
+against their measured engine time (t_step less the controller's t_controller):
+
+    cost error = sum(priced) / sum(measured) - 1            (per run; and per B over every run's steps)
+    path error = (1 + replay error) (1 + cost error) - 1    (the replay's tokens/s error had the profile
+                                                             priced every step right)
+
+so a replay error splits into what the profile charges for the steps the device ran and what the
+replay's own steps (batches, shapes, acceptance) differ by. The step table (pipeline/logs/schema.py
+BATCH_STEPS, as `validate --batch-sizes` writes it) goes to <out>/batch_steps/.
+
 Figures, on both sides from one ServingResult (simulator/serving/metrics.py defines them once):
 throughput = step tokens / busy step time, x AR, TPOT mean and p90, time in queue, tau, drafts per
 row-step, mean and largest batch; the device also reports its wall rate (every new token, prefills
@@ -150,6 +162,23 @@ def device_figures(res, name: str) -> dict:
             "prefill_share": res.prefill_s / wall if wall > 0 else 0.0, "idle_skipped_s": res.idle_s}
 
 
+def step_cost(steps, lat) -> dict:
+    """The profile's price of the device's own steps against their measured engine time (module
+    docstring, "Cost and path"): {"rel_error": over all steps, "by_batch": {B: over the steps at B}}."""
+    if not steps:
+        return {"rel_error": None, "by_batch": {}}
+    col = lambda f, dt=np.int64: np.array([f(s) for s in steps], dt)
+    B, D, W, V = col(lambda s: s.batch_size), col(lambda s: s.depth), col(lambda s: s.width), col(lambda s: s.verify_size)
+    c = np.array([float(lat.step_context(np.asarray(s.context_lens))) for s in steps])
+    measured = col(lambda s: s.t_step - s.t_controller, np.float64)
+    priced = np.zeros(len(steps))
+    for b in np.unique(B):
+        m = B == b
+        priced[m] = lat.t_step(D[m], W[m], V[m], c[m], batch=int(b))
+    err = lambda m: PM.rel_error(float(priced[m].sum()), float(measured[m].sum()))
+    return {"rel_error": err(np.ones(len(steps), bool)), "by_batch": {int(b): err(B == b) for b in np.unique(B)}}
+
+
 # ---------------------------------------------------------------------------------- the replay
 
 def request_plan(cfg: ValidateConfig, recs, logs, n_requests: int):
@@ -187,6 +216,8 @@ def replay_side(logs, lat, methods, arrivals, max_batch: int, seq, rows: list[di
         row["replay"] = {k: s[k] for k in (*FIGURES, "max_batch")}
         row["replay_rel_error"] = {k: PM.rel_error(s[k], row[k]) if s[k] is not None else None
                                    for k in ("tokens_per_s", "x_ar", "tau", "mean_batch", "tpot_mean_s")}
+        r, c = row["replay_rel_error"]["tokens_per_s"], row.get("cost_rel_error")
+        row["path_rel_error"] = (1 + r) * (1 + c) - 1 if r is not None and c is not None else None
 
 
 # ---------------------------------------------------------------------------------- the command
@@ -199,7 +230,8 @@ def _mean_std(xs):
 
 
 def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
-    from online.validate.batch import load_replay
+    from online.validate.batch import load_replay, step_table_rows
+    from pipeline.logs.schema import write_batch_steps
     from pipeline.decode.batch.engine import BatchEngine
     from pipeline.models.head import load_head_for
     from pipeline.models.target import encode_prompt, load_target, resolve_dtype_name
@@ -248,12 +280,20 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
             else:
                 vals = [d[k] for d in device[m.name]]
             row[k], row[k + "_std"] = _mean_std(vals)
+        if lat is not None:                      # the profile's price of the device's own steps
+            runs = [results[(r, 0, m.name)].steps for r in range(cfg.runs)]
+            row["cost_rel_error"], row["cost_rel_error_std"] = _mean_std([step_cost(st, lat)["rel_error"] for st in runs])
+            row["cost_rel_error_by_batch"] = step_cost([s for st in runs for s in st], lat)["by_batch"]
         if checked:
             row["lossless"] = summarize_verdicts([v for name, *_, v in verdicts if name == m.name])["counts"]
         rows.append(row)
     if logs is not None:
         replay_side(logs, lat, methods, arrivals, cfg.max_batch, seq, rows)
-    report = {"run_id": f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}", "config": asdict(cfg),
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    pids = [recs[i].prompt_id for i in idx]      # request k decodes prompt idx[k]
+    steps = [row for (r, _, name), res in results.items() for row in step_table_rows(res, name, r, pids, dev)]
+    steps_path = write_batch_steps(cfg.out, cfg.model, "+".join(cfg.datasets), cfg.temperature, run_id, steps) if steps else None
+    report = {"run_id": run_id, "config": asdict(cfg), "steps_file": str(steps_path) if steps_path else None,
               "device": dev, "dtype": dtype, "environment": environment_fingerprint(target.device, dtype),
               "head_id": head.head_id, "trace": {"path": cfg.load_trace, "requests": len(arrivals),
                                                  "span_s": float(arrivals[-1] - arrivals[0])},
@@ -274,18 +314,24 @@ def load_markdown(rep: dict) -> str:
     lines = [f"# validate --load-trace ({where})", "",
              f"trace {rep['trace']['path']}: {rep['trace']['requests']} requests over {rep['trace']['span_s']:.1f} s; "
              f"at most {rep['max_batch']} rows; {rep['config']['runs']} runs (mean +- std); device | replay (error)", "",
-             "| method | tokens/s | x AR | TPOT ms | TPOT p90 ms | queue ms | tau | drafts/step | mean B | wall tok/s | prefill % "
-             "| lossless (exact / near-tie / mismatch) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| method | tokens/s | cost / path % | x AR | TPOT ms | TPOT p90 ms | queue ms | tau | drafts/step | mean B "
+             "| wall tok/s | prefill % | lossless (exact / near-tie / mismatch) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep["rows"]:
         s, e = r.get("replay"), r.get("replay_rel_error") or {}
         cell = lambda k, m=1.0, p=1: (f"{f(r[k], m, p)} ± {f(r[k + '_std'], m, p)}" +
                                       (f" \\| {f(s[k], m, p)} ({100 * e[k]:+.1f} %)" if s and e.get(k) is not None
                                        else f" \\| {f(s[k], m, p)}" if s else ""))
-        lines.append(f"| {r['name']} | {cell('tokens_per_s')} | {cell('x_ar', p=2)} | {cell('tpot_mean_s', 1e3, 2)} | "
+        pct = lambda x: "-" if x is None else f"{100 * x:+.1f}"
+        lines.append(f"| {r['name']} | {cell('tokens_per_s')} | {pct(r.get('cost_rel_error'))} / {pct(r.get('path_rel_error'))} | "
+                     f"{cell('x_ar', p=2)} | {cell('tpot_mean_s', 1e3, 2)} | "
                      f"{f(r['tpot_p90_s'], 1e3, 2)} | {f(r['queue_mean_s'], 1e3)} | {cell('tau', p=2)} | "
                      f"{f(r['drafts_per_step'], p=2)} | {cell('mean_batch', p=2)} | {f(r['wall_tokens_per_s'])} | "
                      f"{f(r['prefill_share'], 100)} | {lossless_cell(r.get('lossless'))} |")
+    if any(r.get("cost_rel_error") is not None for r in rep["rows"]):
+        lines += ["", "cost / path %: the replay's tokens/s error in two parts (docs/serving.md): cost = the profile's "
+                      "price of the steps the device ran against their measured time; path = the error left had the "
+                      "profile priced every step right"]
     if rep.get("replay_note"):
         lines += ["", f"note: {rep['replay_note']}"]
     lines += [f"note: {r['name']} not replayed: {r['replay_note']}" for r in rep["rows"] if r.get("replay_note")]

@@ -190,3 +190,30 @@ def test_validate_refuses_logs_without_the_static_default_width(tmp_path):
     cfg = ValidateConfig(model="synthetic-llm", logs=str(tmp_path), temperature=0.0)
     with pytest.raises(DataError, match=r"widths \[2\].*collect with --widths 10"):
         load_acceptance_logs(cfg, None)
+
+
+def test_step_cost_prices_the_devices_own_steps():
+    """validate --load-trace's cost error (online/validate/load.py step_cost): each step priced by the
+    profile at its own shape, B and step context (the longest row's), against t_step less
+    t_controller; per B and over all steps, by hand."""
+    from online.validate.load import step_cost
+    from pipeline.decode.controller import StepRecord
+    from simulator.latency.model import LatencyModel
+    from tests.simulator.inputs.test_latency_batch import hand_rows
+
+    lat = LatencyModel.from_rows(hand_rows())
+
+    def step(B, shape, ctx, factor, t_ctrl=0.0):
+        D, W, V = shape
+        t = float(lat.t_step(D, W, V, max(ctx), batch=B))
+        return StepRecord(step=0, batch_size=B, depth=D, width=W, verify_size=V, rows=list(range(B)),
+                          context_lens=ctx, accepted=[0] * B, emitted=[1] * B, queued=0,
+                          t_controller=t_ctrl, t_step=factor * t + t_ctrl), t
+
+    (a, ta), (b, tb), (c, tc) = step(1, (0, 1, 1), [150], 1.25), step(2, (3, 4, 8), [120, 280], 1.0, 0.5), \
+        step(2, (2, 1, 3), [100, 200], 0.8)
+    out = step_cost([a, b, c], lat)
+    assert out["by_batch"][1] == pytest.approx(1 / 1.25 - 1)
+    assert out["by_batch"][2] == pytest.approx((tb + tc) / (tb + 0.8 * tc) - 1)     # the controller's 0.5 s left out
+    assert out["rel_error"] == pytest.approx((ta + tb + tc) / (1.25 * ta + tb + 0.8 * tc) - 1)
+    assert step_cost([], lat) == {"rel_error": None, "by_batch": {}}

@@ -234,6 +234,14 @@ def test_validate_load_trace_end_to_end(tmp_path, tiny_model_dir, batch_logs, ca
     assert rep["rows"][2]["drafts_per_step"] == 2.0
     md = (out / "report.md").read_text()
     assert "validate --load-trace" in md and "| SGLang adaptive |" in md and "7 / 0 / 0" in md
+    # the replay error split into cost and path (online/validate/load.py), and the device's step table
+    for r in rep["rows"]:
+        c, e = r["cost_rel_error"], r["replay_rel_error"]["tokens_per_s"]
+        assert c > -1 and set(r["cost_rel_error_by_batch"]) <= {"1", "2"}, r["name"]
+        assert r["path_rel_error"] == pytest.approx((1 + e) * (1 + c) - 1), r["name"]
+    steps = pq.read_table(rep["steps_file"]).to_pylist()
+    assert {s["method"] for s in steps} == set(names) and {s["batch"] for s in steps} <= {1, 2}
+    assert sum(s["emitted_sum"] for s in steps if s["method"] == "AR") > 0 and "cost / path %" in md
 
 
 def test_validate_load_trace_bad_inputs(tmp_path, capsys):
