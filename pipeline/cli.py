@@ -242,6 +242,8 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--verify-sizes", help="comma-separated V values to time verification at")
     p.add_argument("--contexts", help="comma-separated context lengths")
     p.add_argument("--repeats", type=COUNT, help="timed rounds of the shapes per (batch size, context) generation (and timed calls, --isolated)")
+    p.add_argument("--rounds", type=COUNT, help="passes through the whole (batch size, context) grid, --repeats each: "
+                        "more than 1 spreads every cell's samples over the profile's time, for a machine whose speed drifts")
     p.add_argument("--isolated", action="store_true",
                    help="also time the bare ops in a tight loop (ops verify_isolated / draft_isolated)")
     p.add_argument("--batch-sizes", help="comma-separated batch sizes B: draft_step, verify, overhead and policy rows at each B "

@@ -147,7 +147,8 @@ def run_serving_step(cfg, deadline: float, work: Path, out: Path, tiny_shape: di
                                     "mean_batch", "lossless")}
             | {"replay_tokens_per_s": (r.get("replay") or {}).get("tokens_per_s"),
                "replay_error": (r.get("replay_rel_error") or {}).get("tokens_per_s"),
-               "cost_error": r.get("cost_rel_error"), "path_error": r.get("path_rel_error")} for r in rep["rows"]]
+               "cost_error": r.get("cost_rel_error"), "path_error": r.get("path_rel_error"),
+               "cost_error_by_batch": r.get("cost_rel_error_by_batch")} for r in rep["rows"]]
     mismatch = sum((r.get("lossless") or {}).get("mismatch", 0) for r in rep["rows"])
     return {"status": "failed" if mismatch else "ok",
             "reason": f"{mismatch} served rows were a mismatch against batch-1 AR" if mismatch else None,

@@ -67,7 +67,7 @@ def context_prompt(tokenizer, n: int, variant: int = 0) -> list[int]:
 def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                 contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, device: str | None = None,
                 dtype: str | None = None, progress: bool = True, isolated: bool = False,
-                batch_sizes=DEFAULT_BATCH_SIZES, prefill_lengths=DEFAULT_PREFILL_LENGTHS) -> dict:
+                batch_sizes=DEFAULT_BATCH_SIZES, prefill_lengths=DEFAULT_PREFILL_LENGTHS, rounds: int = 1) -> dict:
     """Load the target and head, then `profile_engine`."""
     from pipeline.decode.engine import Engine
     from pipeline.models.head import load_head_for
@@ -78,21 +78,29 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     engine = Engine(target.model, head, target.eos_token_ids)
     return profile_engine(engine, target.tokenizer, model, out, widths=widths, verify_sizes=verify_sizes,
                           contexts=contexts, repeats=repeats, warmup=warmup, progress=progress, isolated=isolated,
-                          batch_sizes=batch_sizes, prefill_lengths=prefill_lengths)
+                          batch_sizes=batch_sizes, prefill_lengths=prefill_lengths, rounds=rounds)
 
 
 def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                    contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, progress: bool = True,
                    isolated: bool = False, batch_sizes=DEFAULT_BATCH_SIZES,
                    prefill_lengths=DEFAULT_PREFILL_LENGTHS, prompt: Callable[[int, int], list[int]] | None = None,
-                   deadline: float | None = None) -> dict:
-    """Profile a loaded engine (its target and head) into a new `latency` file under `out`: one
-    round of `ProfileSampler` at every batch size of `batch_sizes` (1 always) and context, its suspect
-    cells re-measured once, plus the isolated ops if asked (batch 1, `warmup` untimed calls) and the
-    prefill at each of `prefill_lengths`. prompt(c, r) -> a prompt of exactly c tokens, variant r
+                   deadline: float | None = None, rounds: int = 1) -> dict:
+    """Profile a loaded engine (its target and head) into a new `latency` file under `out`: `rounds`
+    rounds of `ProfileSampler` through every batch size of `batch_sizes` (1 always) and context, its
+    suspect cells re-measured once, plus the isolated ops if asked (batch 1, `warmup` untimed calls)
+    and the prefill at each of `prefill_lengths`. prompt(c, r) -> a prompt of exactly c tokens, variant r
     (default: `context_prompt` of the tokenizer; a random-weight target without one passes its own).
     deadline (perf_counter s): batch sizes and prefill lengths not started by then are left out
-    (named in the result's `left_out`)."""
+    (named in the result's `left_out`); a later round stops at it, its cells keep the earlier rounds'
+    samples.
+
+    Why rounds > 1: one round measures each (B, c) in one stretch of time, so on a machine whose speed
+    drifts a whole batch level can come out dear or cheap against the others (docs/benchmarks/
+    2026-11-27-replay-error-split.md, split-4). K rounds of `repeats` each pool every cell's samples
+    from K stretches spread over the whole profile."""
+    if rounds < 1:
+        raise DraftGymError(f"profile: rounds must be >= 1, got {rounds}")
     sampler = ProfileSampler(engine, tokenizer, model, widths=widths, verify_sizes=verify_sizes, contexts=contexts,
                              batch_sizes={1, *batch_sizes}, repeats=repeats, prompt=prompt)
     late = lambda: deadline is not None and time.perf_counter() > deadline
@@ -101,6 +109,10 @@ def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify
             fn = draft_op(engine.head, W, c) if op == "draft_isolated" else verify_op(engine.model, V, c, head=engine.head)
             sampler.extra.append((op, time_op(fn, engine.device, warmup=warmup, repeats=repeats), W, V, c, 1))
     left_out = sampler.run_round(progress, deadline)
+    for _ in range(rounds - 1):
+        if late():
+            break
+        sampler.run_round(progress, deadline)                              # cells it skips keep round 1's samples
     remeasured = sampler.remeasure()                                       # suspect cells (trust.py), once
     max_n = engine.model.config.max_position_embeddings - 1
     for n in tqdm(sorted({int(n) for n in prefill_lengths if int(n) <= max_n}), desc="profile (prefill)",
@@ -292,6 +304,7 @@ class ProfileConfig:
     verify_sizes: tuple = DEFAULT_VERIFY_SIZES    # V values to time verification at
     contexts: tuple = DEFAULT_CONTEXTS            # context lengths
     repeats: int = 5                              # timed rounds per (B, context) generation (and timed calls, isolated)
+    rounds: int = 1                               # passes through the whole (B, context) grid, `repeats` each: > 1 spreads each cell over the profile's time
     isolated: bool = False                        # also time the bare ops in a tight loop (verify_isolated / draft_isolated)
     batch_sizes: tuple = DEFAULT_BATCH_SIZES      # batch sizes B of the draft_step / verify / policy rows (1 always)
     prefill_lengths: tuple = DEFAULT_PREFILL_LENGTHS  # prompt lengths n of the prefill rows (() = none)
@@ -309,7 +322,7 @@ def run_profile_command(cfg: ProfileConfig) -> int:
     r = run_profile(cfg.model, cfg.head, cfg.out, widths=cfg.widths, verify_sizes=cfg.verify_sizes,
                     contexts=cfg.contexts, repeats=cfg.repeats, device=cfg.device, dtype=cfg.dtype,
                     isolated=cfg.isolated, progress=cfg.progress,
-                    batch_sizes=cfg.batch_sizes, prefill_lengths=cfg.prefill_lengths)
+                    batch_sizes=cfg.batch_sizes, prefill_lengths=cfg.prefill_lengths, rounds=cfg.rounds)
     print(json.dumps(r) if cfg.as_json else f"profiled {r['rows']} ops on {r['device']} -> {r['path']}"
           + (f" ({r['remeasured']} suspect cells re-measured)" if r["remeasured"] else ""))
     return 0

@@ -112,9 +112,12 @@ def test_dry_run_writes_both_reports(tmp_path):
                                  "SGLang throughput-aware"} <= set(names) and names[-1].startswith("learned")
     assert all(r["lossless"]["mismatch"] == 0 and r["tokens_per_s"] > 0 and r["replay_tokens_per_s"] > 0
                for r in srv["rows"]) and srv["trace"]["requests"] == 4
+    for r in srv["rows"]:                              # each replay error split: cost (per B too) and path
+        assert r["cost_error"] > -1 and set(r["cost_error_by_batch"]) <= {"1", "2"}, r["name"]
+        assert r["path_error"] == pytest.approx((1 + r["replay_error"]) * (1 + r["cost_error"]) - 1), r["name"]
     served = LatencyModel.from_rows(pq.read_table(out / "serving_profile.parquet"))
     assert served.batch_levels == [1, 2] and served.meta["profile_id"] == srv["profile_id"]
-    assert "| method | tokens/s | x AR | tau | drafts/step | mean B | replay tokens/s (error)" in md
+    assert "| method | tokens/s | x AR | tau | drafts/step | mean B | replay tokens/s (error) | error: cost / path % |" in md
     assert (out / "serving_report.md").read_text().startswith("# validate --load-trace")
     assert len(list(out.iterdir())) <= 8 and all(p.is_file() for p in out.iterdir())   # what a device call brings back
 

@@ -49,6 +49,23 @@ def test_profile_batch_sizes(tmp_path, tiny_model_dir, capsys):
         assert lat.t_verify(4, 16, batch=B) == pytest.approx(r["mean"])
 
 
+def test_profile_rounds_spread_the_same_samples(tmp_path, tiny_model_dir, capsys):
+    """--rounds 2 --repeats 1 passes twice through the (B, c) grid: every cell gets as many samples as
+    --repeats 2 in one pass, from two stretches of time (the result's rounds and jobs say so)."""
+    base = ["profile", "--model", str(tiny_model_dir), "--head", "random", "--widths", "2", "--verify-sizes", "1,4",
+            "--contexts", "16", "--batch-sizes", "1,2", "--prefill-lengths", "none", "--json", "--no-progress"]
+    n, runs = {}, {}
+    for k, extra in (("one", ["--repeats", "2"]), ("two", ["--repeats", "1", "--rounds", "2"])):
+        assert cli([*base, *extra, "--out", str(tmp_path / k)]) == 0
+        runs[k] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        t = read_table(table_files(tmp_path / k, "latency")[0], "latency").to_pylist()
+        n[k] = {(r["op"], r["width"], r["verify_size"], r["context_len"], r["batch"]): r["n"] for r in t if r["op"] != "policy"}
+    assert n["one"] == n["two"] and min(n["two"].values()) >= 2
+    assert (runs["one"]["rounds"], runs["one"]["jobs"]) == (1, 2) and (runs["two"]["rounds"], runs["two"]["jobs"]) == (2, 4)
+    assert cli([*base, "--rounds", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "--rounds" in capsys.readouterr().err
+
+
 def test_profile_bad_args(capsys):
     assert cli(["profile", "--head", "/no/such/head"]) == 2
     assert "EAGLE-3 head directory not found" in capsys.readouterr().err
