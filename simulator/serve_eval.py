@@ -41,6 +41,7 @@ import numpy as np
 
 from pipeline.cliargs import comma_list, parse_positive_ints
 from pipeline.errors import DataError, DraftGymError
+from simulator.latency.diagnostics import prefill_note
 from simulator.serving import arrivals as arr
 from simulator.serving import metrics
 from simulator.serving import shapes as S
@@ -164,7 +165,7 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
     else:
         sched = tune(tune_logs, lat, parse_positive_ints(cfg.batch_sizes, "--batch-sizes"), cands,
                      split=cfg.tune_split)["schedule"]
-    notes = [n for n in (lat.meta.get("what_if"), cand_note) if n]
+    notes = [n for n in (lat.meta.get("what_if"), cand_note, prefill_note(lat, logs.prompt_len)) if n]
     static_pool = list(dict.fromkeys([S.OFF, *[s for s in cands if S.is_chain(s)], *sched.shapes()]))
     best, static_runs = best_static(tune_logs, lat, arrivals, max_batch, static_pool)
     methods = [StaticChooser(S.OFF, "AR"), StaticChooser(best, f"best static ({S.label(best)})"),

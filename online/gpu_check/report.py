@@ -234,7 +234,7 @@ def serving_section(r: dict) -> list[str]:
                      for x in r["rows"]])
     lines += ["cost / path: the replay's error in two parts (docs/serving.md): the profile's price of the steps the "
               "device ran against their measured time, and the error left had every step been priced right.", ""]
-    return lines + ([f"note: {r['replay_note']}", ""] if r.get("replay_note") else [])
+    return lines + [line for k in ("replay_note", "prefill_note") if r.get(k) for line in (f"note: {r[k]}", "")]
 
 
 def cfg_draft_vocab(steps: dict):

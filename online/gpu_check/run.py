@@ -115,7 +115,8 @@ class CheckConfig:
     validate_new_tokens: int = 64
     serving_batch_sizes: tuple = (1, 2, 4, 8, 16)        # serving: profiled, tuned, the trace's loads; the largest = max batch
     serving_verify_sizes: tuple = (1, 2, 4, 8, 16, 32, 60)   # serving: V profiled at each B (60: the EAGLE-3 default tree validate serves)
-    serving_context: int = 128                           # serving: the context (and prefill) profiled
+    serving_context: int = 128                           # serving: the context profiled
+    serving_prefill_lengths: tuple = (32, 64, 128, 256, 512)   # serving: prefill lengths profiled (cover the served prompts)
     serving_repeats: int = 3                             # serving: profile rounds
     serving_prompts: int = 12                            # serving: prompts collected and served (request k: prompt k mod N)
     serving_new_tokens: int = 64
@@ -137,6 +138,7 @@ def dry_run_sizes(cfg: CheckConfig) -> CheckConfig:
                    profile_verify_sizes=(1, 4), profile_contexts=(8,), profile_batch_sizes=(1, 2),
                    profile_prefill_lengths=(8,), profile_repeats=2, validate_sets=1, validate_prompts=1,
                    validate_new_tokens=4, serving_batch_sizes=(1, 2), serving_verify_sizes=(1, 2), serving_context=8,
+                   serving_prefill_lengths=(8,),
                    serving_repeats=1, serving_prompts=2, serving_new_tokens=4, serving_requests_per_rate=2, serving_runs=1,
                    serving_train_steps=64, serving_train_reserve_s=0.0)
 

@@ -9,8 +9,10 @@ carried weights, through the commands a user runs, each in this process, in this
                  (no Ray on the GPU machines); val-split of train-load: train too (mt-bench's val
                  split holds 6 prompts)
     profile      the batched engine's step costs on this device, B = `serving_batch_sizes`,
-                 V = `serving_verify_sizes`, one context, the prefill (into the same logs root, so the
-                 replay and SGLang's throughput-aware rule price shapes with this device's costs)
+                 V = `serving_verify_sizes`, one context, the prefill at `serving_prefill_lengths` (into
+                 the same logs root, so the replay and SGLang's throughput-aware rule price shapes with
+                 this device's costs; a prompt below the shortest profiled length would be charged as
+                 that length: docs/benchmarks/2026-11-27-replay-error-split.md, split-7)
     tune         the per-B schedule on those logs and that profile; its headroom shape (the one
                  static shape closest to every B's best) is served beside validate's static shapes
     serve-eval   the Poisson sweep whose rates keep about B = serving_batch_sizes rows busy under AR,
@@ -85,7 +87,7 @@ def serving_commands(cfg, model: str, head: str, dataset: str, work: Path) -> di
         "collect-served": collect(served),
         "profile": ["profile", "--model", model, "--head", head, "--batch-sizes", bs, "--widths", "1,10", "--verify-sizes",
                     _ints(cfg.serving_verify_sizes), "--contexts", str(cfg.serving_context), "--prefill-lengths",
-                    str(cfg.serving_context), "--repeats", str(cfg.serving_repeats), "--out", logs, "--no-progress", *on],
+                    _ints(cfg.serving_prefill_lengths), "--repeats", str(cfg.serving_repeats), "--out", logs, "--no-progress", *on],
         "tune": ["tune", "--logs", logs, "--split", fit, "--batch-sizes", bs, "--out", str(work / "schedule.json"),
                  "--json", "--no-progress"],
         "trace": ["serve-eval", "--logs", logs, "--split", served, "--tune-split", fit, "--batch-sizes", bs,
@@ -158,4 +160,4 @@ def run_serving_step(cfg, deadline: float, work: Path, out: Path, tiny_shape: di
             "schedule": tuned["schedule"], "tuned": tuned["per_batch"], "headroom": tuned["headroom"],
             "static": static, "fit_split": fit, "served_split": served,
             "trace": rep["trace"], "runs": cfg.serving_runs, "rows": rows,
-            "replay_note": rep.get("replay_note"), "train_note": train_note, "report_file": REPORT_FILE}
+            "replay_note": rep.get("replay_note"), "prefill_note": rep.get("prefill_note"), "train_note": train_note, "report_file": REPORT_FILE}

@@ -62,6 +62,7 @@ from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
 from pipeline.runtime.atomic import atomic_write_json, atomic_write_text
 from pipeline import metrics as PM
+from simulator.latency.diagnostics import prefill_note
 from simulator.serving import metrics as M
 from simulator.serving import shapes as S
 from simulator.serving.arrivals import read_trace
@@ -294,6 +295,7 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
     steps = [row for (r, _, name), res in results.items() for row in step_table_rows(res, name, r, pids, dev)]
     steps_path = write_batch_steps(cfg.out, cfg.model, "+".join(cfg.datasets), cfg.temperature, run_id, steps) if steps else None
     report = {"run_id": run_id, "config": asdict(cfg), "steps_file": str(steps_path) if steps_path else None,
+              "prefill_note": prefill_note(lat, logs.prompt_len[np.asarray(seq)]) if logs is not None else None,
               "device": dev, "dtype": dtype, "environment": environment_fingerprint(target.device, dtype),
               "head_id": head.head_id, "trace": {"path": cfg.load_trace, "requests": len(arrivals),
                                                  "span_s": float(arrivals[-1] - arrivals[0])},
@@ -332,9 +334,9 @@ def load_markdown(rep: dict) -> str:
         lines += ["", "cost / path %: the replay's tokens/s error in two parts (docs/serving.md): cost = the profile's "
                       "price of the steps the device ran against their measured time; path = the error left had the "
                       "profile priced every step right"]
-    if rep.get("replay_note"):
-        lines += ["", f"note: {rep['replay_note']}"]
-    lines += [f"note: {r['name']} not replayed: {r['replay_note']}" for r in rep["rows"] if r.get("replay_note")]
+    notes = [f"note: {rep[k]}" for k in ("replay_note", "prefill_note") if rep.get(k)]
+    notes += [f"note: {r['name']} not replayed: {r['replay_note']}" for r in rep["rows"] if r.get("replay_note")]
+    lines += [""] + notes if notes else []
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,8 @@
                 check), leave-one-out along x and the context length (simulator.latency.surface), and
                 leave-one-level-out in the batch size B, linear and log (simulator.latency.batch)
     coverage    how much of a workload lies outside the measured ranges, where the model extrapolates
+    prefill_note  one line when requests' prompts lie outside the profiled prefill lengths (the load
+                replays charge each joining request's prefill: LatencyModel.t_prefill)
     plot        measured points (with p10/p90 bars) and the interpolated curves, per context level
 
 Each takes the model as its first argument (the LatencyModel methods of the same names call these);
@@ -84,6 +86,26 @@ def coverage(lat, context_len, widths=(), verify_sizes=(), batches=()) -> dict:
     if b.size:
         out["batches_outside"] = sorted({int(x) for x in b.ravel() if x > levels[-1]})
     return out
+
+
+def prefill_note(lat, prompt_lens) -> str | None:
+    """One line when prompts lie outside the profile's prefill lengths, else None. Below the shortest,
+    LatencyModel.t_prefill charges the shortest's time (flat), so short prompts are over-charged;
+    above the longest, it scales that time in proportion to n. On the 2-core CPU a profile with one
+    128-token prefill row charged a 53-token prompt (mt-bench's median) 348 ms, where 32 and 64 tokens
+    measure 117 and 161 ms, and the load replay's batch ran 8-14 % too full (docs/benchmarks/
+    2026-11-27-replay-error-split.md, split-7)."""
+    n = np.asarray(prompt_lens, np.float64)
+    if lat.prefill is None or not n.size:
+        return None
+    lo, hi = float(lat.prefill.levels[0]), float(lat.prefill.levels[-1])
+    below, above = int((n < lo).sum()), int((n > hi).sum())
+    if not below and not above:
+        return None
+    parts = ([f"{below} below (charged as {lo:g} tokens)"] if below else []) + \
+            ([f"{above} above (scaled up from {hi:g} tokens)"] if above else [])
+    return (f"prefill: of {n.size} prompts ({n.min():g}-{n.max():g} tokens), {' and '.join(parts)} the profiled "
+            f"prefill lengths {lo:g}-{hi:g}; profile --prefill-lengths to cover them")
 
 
 def plot(lat, path: str | Path | None = None, contexts=None):

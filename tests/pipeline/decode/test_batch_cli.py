@@ -242,6 +242,9 @@ def test_validate_load_trace_end_to_end(tmp_path, tiny_model_dir, batch_logs, ca
     steps = pq.read_table(rep["steps_file"]).to_pylist()
     assert {s["method"] for s in steps} == set(names) and {s["batch"] for s in steps} <= {1, 2}
     assert sum(s["emitted_sum"] for s in steps if s["method"] == "AR") > 0 and "cost / path %" in md
+    # the fixture profiles prefill at 64, 256, 1024 tokens (the default); 3 of the 7 requests' prompts are shorter
+    assert rep["prefill_note"].startswith("prefill: of 7 prompts (53-101 tokens), 3 below (charged as 64 tokens)")
+    assert f"note: {rep['prefill_note']}" in md
 
 
 def test_validate_load_trace_bad_inputs(tmp_path, capsys):

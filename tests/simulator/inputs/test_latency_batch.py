@@ -178,3 +178,21 @@ def test_batch_steps_table(tmp_path):
     from pipeline.logs.query import connect
     con = connect(tmp_path)
     assert con.execute("SELECT sum(accepted_sum), max(len(accepted)) FROM batch_steps").fetchall() == [(3, 3)]
+
+
+def test_prefill_note_names_prompts_outside_the_profiled_lengths():
+    """simulator.latency.diagnostics.prefill_note: below the shortest prefill length the charge is that
+    length's (flat), above the longest it scales in proportion; one line naming both, None inside."""
+    from simulator.latency.diagnostics import prefill_note
+
+    rows = hand_rows()
+    base = rows[0]
+    rows += [{**base, "op": "prefill", "context_len": n, "median": t, "mean": t, "p10": t, "p90": t, "batch": 1}
+             for n, t in ((64, 0.1), (256, 0.3))]
+    lat = LatencyModel.from_rows(rows)
+    assert lat.t_prefill(32) == pytest.approx(0.1) and lat.t_prefill(512) == pytest.approx(0.6)
+    note = prefill_note(lat, [32, 100, 300, 600])
+    assert note == ("prefill: of 4 prompts (32-600 tokens), 1 below (charged as 64 tokens) and 2 above (scaled up "
+                    "from 256 tokens) the profiled prefill lengths 64-256; profile --prefill-lengths to cover them")
+    assert prefill_note(lat, [64, 200, 256]) is None and prefill_note(lat, []) is None
+    assert prefill_note(LatencyModel.from_rows(hand_rows()), [32]) is None       # no prefill rows: nothing charged
