@@ -293,8 +293,13 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     pids = [recs[i].prompt_id for i in idx]      # request k decodes prompt idx[k]
     steps = [row for (r, _, name), res in results.items() for row in step_table_rows(res, name, r, pids, dev)]
-    steps_path = write_batch_steps(cfg.out, cfg.model, "+".join(cfg.datasets), cfg.temperature, run_id, steps) if steps else None
+    steps_path = steps_note = None
+    try:                                         # the step table is a by-product: its failure must not lose the report
+        steps_path = write_batch_steps(cfg.out, cfg.model, "+".join(cfg.datasets), cfg.temperature, run_id, steps) if steps else None
+    except (DataError, OSError) as e:
+        steps_note = f"step table not written: {e}"
     report = {"run_id": run_id, "config": asdict(cfg), "steps_file": str(steps_path) if steps_path else None,
+              "steps_note": steps_note,
               "prefill_note": prefill_note(lat, logs.prompt_len[np.asarray(seq)]) if logs is not None else None,
               "device": dev, "dtype": dtype, "environment": environment_fingerprint(target.device, dtype),
               "head_id": head.head_id, "trace": {"path": cfg.load_trace, "requests": len(arrivals),
@@ -334,7 +339,7 @@ def load_markdown(rep: dict) -> str:
         lines += ["", "cost / path %: the replay's tokens/s error in two parts (docs/serving.md): cost = the profile's "
                       "price of the steps the device ran against their measured time; path = the error left had the "
                       "profile priced every step right"]
-    notes = [f"note: {rep[k]}" for k in ("replay_note", "prefill_note") if rep.get(k)]
+    notes = [f"note: {rep[k]}" for k in ("replay_note", "prefill_note", "steps_note") if rep.get(k)]
     notes += [f"note: {r['name']} not replayed: {r['replay_note']}" for r in rep["rows"] if r.get("replay_note")]
     lines += [""] + notes if notes else []
     return "\n".join(lines) + "\n"

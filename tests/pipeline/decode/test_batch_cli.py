@@ -247,6 +247,26 @@ def test_validate_load_trace_end_to_end(tmp_path, tiny_model_dir, batch_logs, ca
     assert f"note: {rep['prefill_note']}" in md
 
 
+def test_validate_load_trace_keeps_its_report_when_the_step_table_fails(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """The step table is a by-product: a failure to write it is a note in the report, not a lost run."""
+    import pipeline.logs.schema as schema
+    from pipeline.errors import DataError
+
+    def refuse(*a, **k):
+        raise DataError("disk full")
+
+    monkeypatch.setattr(schema, "write_batch_steps", refuse)
+    trace = tmp_path / "trace.txt"
+    trace.write_text("0\n0\n")
+    out = tmp_path / "load"
+    assert cli(["validate", "--model", str(tiny_model_dir), "--head", "random", "--load-trace", str(trace),
+                "--max-batch", "2", "--n-prompts", "2", "--runs", "1", "--max-new-tokens", "4", "--logs", "", "--out", str(out),
+                "--json", "--no-progress"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["steps_file"] is None and rep["steps_note"] == "step table not written: disk full"
+    assert "note: step table not written: disk full" in (out / "report.md").read_text()
+
+
 def test_validate_load_trace_bad_inputs(tmp_path, capsys):
     base = ["validate", "--logs", "", "--out", str(tmp_path / "r")]
     bad = tmp_path / "bad.txt"
