@@ -170,12 +170,12 @@ def step_cost(steps, lat) -> dict:
         return {"rel_error": None, "by_batch": {}}
     col = lambda f, dt=np.int64: np.array([f(s) for s in steps], dt)
     B, D, W, V = col(lambda s: s.batch_size), col(lambda s: s.depth), col(lambda s: s.width), col(lambda s: s.verify_size)
-    c = np.array([float(lat.step_context(np.asarray(s.context_lens))) for s in steps])
     measured = col(lambda s: s.t_step - s.t_controller, np.float64)
     priced = np.zeros(len(steps))
-    for b in np.unique(B):
+    for b in np.unique(B):                       # one call per B: its steps' contexts are one [n, B] array
         m = B == b
-        priced[m] = lat.t_step(D[m], W[m], V[m], c[m], batch=int(b))
+        c = lat.step_context(np.array([s.context_lens for s, on in zip(steps, m) if on], np.float64))
+        priced[m] = lat.t_step(D[m], W[m], V[m], c, batch=int(b))
     err = lambda m: PM.rel_error(float(priced[m].sum()), float(measured[m].sum()))
     return {"rel_error": err(np.ones(len(steps), bool)), "by_batch": {int(b): err(B == b) for b in np.unique(B)}}
 
