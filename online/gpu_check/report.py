@@ -225,11 +225,11 @@ def serving_section(r: dict) -> list[str]:
               + f"), {r['runs']} runs (mean +- std); replay of the same trace on the logs and the profile above:", ""]
     pct = lambda x: _f(x if x is None else 100 * x, "{:+.1f}")
     lines += _table(["method", "tokens/s", "x AR", "tau", "drafts/step", "mean B", "replay tokens/s (error)",
-                     "error: cost / path %", "lossless (exact / near-tie / mismatch)"],
+                     "error: cost / path %", "graphs captured", "lossless (exact / near-tie / mismatch)"],
                     [[x["name"], f"{_f(x['tokens_per_s'], '{:.1f}')} ± {_f(x['tokens_per_s_std'], '{:.1f}')}", _f(x["x_ar"]),
                       _f(x["tau"]), _f(x["drafts_per_step"]), _f(x["mean_batch"]),
                       f"{_f(x['replay_tokens_per_s'], '{:.1f}')} ({pct(x['replay_error'])} %)",
-                      f"{pct(x.get('cost_error'))} / {pct(x.get('path_error'))}",
+                      f"{pct(x.get('cost_error'))} / {pct(x.get('path_error'))}", _f(x.get("graph_captures"), "{:.0f}"),
                       " / ".join(str((x.get("lossless") or {}).get(k, "-")) for k in ("exact", "near-tie", "mismatch"))]
                      for x in r["rows"]])
     lines += ["cost / path: the replay's error in two parts (docs/serving.md): the profile's price of the steps the "

@@ -146,7 +146,7 @@ def run_serving_step(cfg, deadline: float, work: Path, out: Path, tiny_shape: di
     shutil.copyfile(work / "load" / "report.md", out / REPORT_FILE)
     c0 = cfg.serving_context
     rows = [{k: r.get(k) for k in ("name", "tokens_per_s", "tokens_per_s_std", "x_ar", "tau", "drafts_per_step",
-                                    "mean_batch", "lossless")}
+                                    "mean_batch", "graph_captures", "lossless")}
             | {"replay_tokens_per_s": (r.get("replay") or {}).get("tokens_per_s"),
                "replay_error": (r.get("replay_rel_error") or {}).get("tokens_per_s"),
                "cost_error": r.get("cost_rel_error"), "path_error": r.get("path_rel_error"),

@@ -160,7 +160,8 @@ def device_figures(res, name: str) -> dict:
     its wall rate, prefill share and the idle waits its clock skipped."""
     wall = res.wall_s                          # the call's wall, idle waits skipped
     return {**M.summarize(device_result(res, name)), "wall_tokens_per_s": res.new_tokens / wall if wall > 0 else 0.0,
-            "prefill_share": res.prefill_s / wall if wall > 0 else 0.0, "idle_skipped_s": res.idle_s}
+            "prefill_share": res.prefill_s / wall if wall > 0 else 0.0, "idle_skipped_s": res.idle_s,
+            "graph_captures": res.captures}
 
 
 def step_cost(steps, lat) -> dict:
@@ -275,7 +276,7 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
     rows = []
     for m in methods:
         row = {"name": m.name}
-        for k in (*FIGURES, "wall_tokens_per_s", "prefill_share", "max_batch"):
+        for k in (*FIGURES, "wall_tokens_per_s", "prefill_share", "max_batch", "graph_captures"):
             if k == "x_ar":
                 vals = [d["tokens_per_s"] / a["tokens_per_s"] for d, a in zip(device[m.name], device["AR"])]
             else:
@@ -322,8 +323,8 @@ def load_markdown(rep: dict) -> str:
              f"trace {rep['trace']['path']}: {rep['trace']['requests']} requests over {rep['trace']['span_s']:.1f} s; "
              f"at most {rep['max_batch']} rows; {rep['config']['runs']} runs (mean +- std); device | replay (error)", "",
              "| method | tokens/s | cost / path % | x AR | TPOT ms | TPOT p90 ms | queue ms | tau | drafts/step | mean B "
-             "| wall tok/s | prefill % | lossless (exact / near-tie / mismatch) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| wall tok/s | prefill % | graphs captured | lossless (exact / near-tie / mismatch) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep["rows"]:
         s, e = r.get("replay"), r.get("replay_rel_error") or {}
         cell = lambda k, m=1.0, p=1: (f"{f(r[k], m, p)} ± {f(r[k + '_std'], m, p)}" +
@@ -334,11 +335,12 @@ def load_markdown(rep: dict) -> str:
                      f"{cell('x_ar', p=2)} | {cell('tpot_mean_s', 1e3, 2)} | "
                      f"{f(r['tpot_p90_s'], 1e3, 2)} | {f(r['queue_mean_s'], 1e3)} | {cell('tau', p=2)} | "
                      f"{f(r['drafts_per_step'], p=2)} | {cell('mean_batch', p=2)} | {f(r['wall_tokens_per_s'])} | "
-                     f"{f(r['prefill_share'], 100)} | {lossless_cell(r.get('lossless'))} |")
+                     f"{f(r['prefill_share'], 100)} | {f(r.get('graph_captures'), p=0)} | {lossless_cell(r.get('lossless'))} |")
     if any(r.get("cost_rel_error") is not None for r in rep["rows"]):
         lines += ["", "cost / path %: the replay's tokens/s error in two parts (docs/serving.md): cost = the profile's "
                       "price of the steps the device ran against their measured time; path = the error left had the "
-                      "profile priced every step right"]
+                      "profile priced every step right; graphs captured: CUDA graphs a run's generation captured "
+                      "(mean over runs; each capture runs its step eagerly first)"]
     notes = [f"note: {rep[k]}" for k in ("replay_note", "prefill_note", "steps_note") if rep.get(k)]
     notes += [f"note: {r['name']} not replayed: {r['replay_note']}" for r in rep["rows"] if r.get("replay_note")]
     lines += [""] + notes if notes else []

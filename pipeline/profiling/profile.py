@@ -250,7 +250,7 @@ class ProfileSampler:
     def write(self, out: str) -> dict:
         """One profile (a new profile_id) of every sample so far -> `<out>/latency/...parquet`."""
         profile_id = new_profile_id()
-        row = row_maker(self.engine, self.model, profile_id)
+        row = row_maker(self.engine, self.model, profile_id, padded=self.eng.pad_rows)
         rows = [row(op, stats, width=W, verify_size=V, context_len=c, batch=B) for op, stats, W, V, c, B in self.rows()]
         path = write_profile(rows, out, self.model, profile_id)
         return {"profile_id": profile_id, "device": rows[0]["device"], "dtype": rows[0]["dtype"], "rows": len(rows),
@@ -262,13 +262,15 @@ def new_profile_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
-def row_maker(engine, model: str, profile_id: str) -> Callable[..., dict]:
+def row_maker(engine, model: str, profile_id: str, padded: bool = False) -> Callable[..., dict]:
     """row(op, stats, width=0, verify_size=0, context_len=0, batch=1) -> one LATENCY row of `engine`
-    (its device, dtype, head and environment fingerprint) in profile `profile_id`."""
+    (its device, dtype, head and environment fingerprint) in profile `profile_id`. padded: the
+    engine runs a step of B rows over row_bucket(B) rows (CUDA graphs): env "row_bucket", which
+    the replay follows (simulator/latency/model.py)."""
     from pipeline.runtime.fingerprint import device_name, dtype_name, environment_fingerprint
 
     dev, dtype = engine.device, dtype_name(engine.dtype)
-    env = json.dumps(environment_fingerprint(dev, dtype))
+    env = json.dumps({**environment_fingerprint(dev, dtype), **({"row_bucket": True} if padded else {})})
 
     def row(op, stats, width=0, verify_size=0, context_len=0, batch=1) -> dict:
         return {"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device_name(dev, dtype),

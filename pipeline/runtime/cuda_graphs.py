@@ -60,7 +60,7 @@ class _Graph:
 class GraphCache:
     """One CUDA graph per key (module docstring); eager where graphs are off."""
 
-    def __init__(self, device: torch.device | str, enabled: bool | None = None, capacity: int = 128):
+    def __init__(self, device: torch.device | str, enabled: bool | None = None, capacity: int = 1024):
         device = torch.device(device)
         self.enabled = graphs_wanted(device) if enabled is None else (enabled and device.type == "cuda")
         self.capacity = capacity

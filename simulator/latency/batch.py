@@ -31,6 +31,13 @@ X_KEY = {"draft_step": "width", "verify": "verify_size", "overhead": None}   # e
 BATCH_INTERP = ("linear", "log")
 
 
+def row_buckets(batch) -> np.ndarray:
+    """The rows an engine that pads to CUDA-graph capture sizes runs a step of B rows over: 1, 2, 4,
+    then multiples of 8 (pipeline/decode/batch/engine.py `row_bucket`, vectorised; B rounded up)."""
+    b = np.ceil(np.asarray(batch, np.float64))
+    return np.where(b <= 2, b, np.where(b <= 4, 4.0, np.ceil(b / 8) * 8))
+
+
 def interp_batch(levels, F: np.ndarray, batch, mode: str = "linear") -> np.ndarray:
     """levels [K] ascending batch sizes (levels[0] = 1); F [K, *shape] each level's values at the query
     points; batch broadcastable to shape -> [*shape] (module docstring)."""

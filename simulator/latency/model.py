@@ -46,6 +46,12 @@ out, not skipped: pipeline/decode/batch/engine.py), so a step costs what B rows 
 work is sum_r c_r = B mean_r c_r: `batch_context = "mean"`, what an imported SGLang profile sets
 (simulator/serving/formats/sglang_import.py). At B = 1 both are the row's own context.
 
+Padded steps (`row_bucket`). With CUDA graphs DraftGym's engine runs a step of B live rows over
+row_buckets(B) rows (1, 2, 4, then multiples of 8: the capture sizes, as vLLM and SGLang pad), so
+5 rows cost what 8 cost. A profile taken so says it in its rows' env_json ("row_bucket": true), and
+every prediction at B is then made at row_buckets(B). Profiles without it (the CPU's, imported ones,
+those taken before 2026-11-28) interpolate in B as above.
+
 Prefill (`t_prefill`): interpolated in n between the profiled lengths, beyond the longest proportional
 to n (flat would make long prompts free). Without prefill rows `has_prefill` is False and the load
 replay charges no prefill.
@@ -61,6 +67,7 @@ charges what the engine does.)
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +77,7 @@ from pipeline.errors import DataError
 from pipeline.logs.schema import read_table, table_files
 from pipeline.profiling.trust import drop_suspects, suspects_line, trusted_out
 from simulator.latency import diagnostics as latency_diagnostics
-from simulator.latency.batch import BATCH_INTERP, X_KEY, batch_levels, interp_batch, row_batch
+from simulator.latency.batch import BATCH_INTERP, X_KEY, batch_levels, interp_batch, row_batch, row_buckets
 from simulator.latency.surface import Z90, Surface, surface_of, two_piece
 
 OPS = ("draft_step", "verify", "policy", "overhead", "prefill")
@@ -90,6 +97,7 @@ class LatencyModel:
     batch_interp: str = "linear"                      # in B: "linear" | "log" (simulator.latency.batch)
     prefill: Surface | None = None                    # x = 0, c = prompt tokens n; None: not profiled
     batch_context: str = "max"                        # a step's c over its rows: "max" | "mean" (module docstring)
+    row_bucket: bool = False                          # B rows cost row_buckets(B) rows (module docstring)
 
     # ---- what a step over rows of different contexts costs, and the prefill
     def step_context(self, context_len, mask=None) -> np.ndarray:
@@ -125,6 +133,8 @@ class LatencyModel:
         """None where every B is 1 (the batch-1 path, today's numbers exactly); else the B array,
         after refusing B > 1 on a profile measured at batch 1 only."""
         b = np.asarray(batch, np.float64)
+        if self.row_bucket:
+            b = row_buckets(b)
         if np.all(b == 1):
             return None
         if len(self.batch_levels) == 1:
@@ -232,7 +242,8 @@ class LatencyModel:
                             {**self.meta, "speed_factor": float(factor)}, dict(self.policy_costs),
                             {op: {B: sc(surf) for B, surf in lv.items()} for op, lv in self.batched.items()},
                             dict(self.policy_by_batch), self.batch_interp,
-                            sc(self.prefill) if self.prefill is not None else None, self.batch_context)
+                            sc(self.prefill) if self.prefill is not None else None, self.batch_context,
+                            self.row_bucket)
 
     # ---- constructors
     @classmethod
@@ -315,14 +326,15 @@ class LatencyModel:
         batched, policy_by_batch = batch_levels(wide, point)
         prefill = surface_of(by["prefill"], None, point) if by["prefill"] else None
         batch_context = "mean" if rows[0].get("device_type") == "sglang" else "max"   # paged vs slot attention
+        row_bucket = bool(json.loads(rows[0].get("env_json") or "{}").get("row_bucket"))   # padded steps
         meta = {"profile_id": profile, "device": rows[0].get("device"), "model_id": rows[0].get("model_id"),
                 "dtype": rows[0].get("dtype"), "n_rows": len(rows), "has_overhead": bool(by["overhead"]),
                 "has_policy": bool(pol), "note": note, "point": point, "has_prefill": prefill is not None,
-                "batch_context": batch_context, "suspect": [x.label() for x in suspects],
+                "batch_context": batch_context, "row_bucket": row_bucket, "suspect": [x.label() for x in suspects],
                 "trust_note": suspects_line(profile, suspects) if suspects else None,
                 "batch_sizes": sorted({1, *policy_by_batch, *(B for lv in batched.values() for B in lv)})}
         return cls(draft, verify, overhead, policy_s, spread, meta, costs, batched, policy_by_batch, batch_interp,
-                   prefill, batch_context)
+                   prefill, batch_context, row_bucket)
 
     @classmethod
     def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None,

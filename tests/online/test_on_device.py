@@ -210,7 +210,7 @@ def test_batched_engine_graphs_equal_eager(device, dtype):
     head = random_head(model, seed=4)
     ps = prompts(7, 8, seed=6)
     graphed = BatchEngine(model, head, span_bucket=32)
-    eager = BatchEngine(model, head, cuda_graphs=False, span_bucket=32)
+    eager = BatchEngine(model, head, cuda_graphs=False, span_bucket=32, pad_rows=graphed.pad_rows)   # same row counts
     for shape in (StepShape(4, 3, 10), StepShape.chain(3), StepShape.off()):
         want = eager.generate(ps, 24, batch_size=3, controller=StaticController(shape))
         for _ in range(2):                                   # the second call replays the first's graphs
@@ -223,3 +223,24 @@ def test_batched_engine_graphs_equal_eager(device, dtype):
     assert graphed.graphs.failure is None, graphed.graphs.failure
     if device.type == "cuda":
         assert graphed.graphs.captures > 0 and graphed.graphs.replays > graphed.graphs.captures
+
+
+def test_arrivals_replay_graphs_of_padded_row_counts(device):
+    """Requests arriving over time (rows joining and leaving at every step count): every row is its
+    batch-1 AR output (fp32), and a second call of the same trace captures no graph at all (the
+    stores never moved and the row counts are padded to row_bucket), so it only replays."""
+    model = tiny(device, torch.float32, seed=5, vocab=8)
+    head = random_head(model, seed=5)
+    ps = prompts(12, 8, seed=7)
+    eng = BatchEngine(model, head, span_bucket=32)
+    arrivals = [0.0, 0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4]
+    ctl = lambda: StaticController(StepShape(4, 3, 10))
+    first = eng.generate(ps, 24, batch_size=6, controller=ctl(), arrivals=arrivals)
+    ar = Engine(model, None)
+    assert [r.output_ids for r in first.rows] == [ar.generate_ar(p, 24).output_ids for p in ps]
+    again = eng.generate(ps, 24, batch_size=6, controller=ctl(), arrivals=[0.0] * len(ps))
+    assert [r.output_ids for r in again.rows] == [r.output_ids for r in first.rows]
+    if device.type == "cuda":
+        closed = eng.generate(ps, 24, batch_size=6, controller=ctl())      # the same row counts as `again`
+        assert closed.captures == 0 and eng.graphs.replays > eng.graphs.captures, (first.captures, again.captures)
+        assert eng.graphs.failure is None, eng.graphs.failure

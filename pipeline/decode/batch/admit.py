@@ -133,8 +133,7 @@ class RowAdmission:
         """Slots left empty (the queue ran dry) leave the batch: the stores keep the live rows only."""
         keep = [s for s, r in enumerate(rows.req) if r >= 0]
         if len(keep) < len(rows.req):
-            state.keep(keep)                  # none left: an empty batch, which arrivals may grow again
-            rows.keep(keep)
+            rows.keep(state.keep(keep))       # none left: an empty batch, which arrivals may grow again
 
     def _emit(self, rows: Rows, record: StepRecord, packed: list[list[int]], run: Call) -> list[int]:
         """Append each row's tokens, cut at EOS / max_new_tokens; returns the slots that finished."""

@@ -49,8 +49,13 @@ draft, greedy verify) run as CUDA graphs (pipeline/runtime/cuda_graphs.py), one 
 (A, D, W, V, span), (A, V, span), captured the first time a key occurs and replayed after. So that
 shapes do not follow the rows' lengths, the keys a step reads, [0, span), are rounded up to a
 multiple of `span_bucket` (128 with graphs, else 1) and the pending entries M to a power of two.
-The stores are static: made per (B, capacity) and reused by the next call (`BatchState.alias`); a
-graph's key holds their addresses. DRAFTGYM_CUDA_GRAPHS=0 or cuda_graphs=False turns graphs off.
+Nor may they follow the traffic: with graphs a step over A live rows runs over row_bucket(A) rows
+(1, 2, 4, then multiples of 8, vLLM's capture sizes; the pad rows compute what nobody reads), so a
+trace that visits A = 1..16 replays the graphs of 5 row counts. The stores are static: made for
+the call's most rows (padded) and reused by the next call that fits (`BatchState.alias`); rows
+joining and leaving never move them (kv.py: live rows are the first slots, a leaving row's slot
+takes the last live row), and a graph's key holds their addresses. Each call's BatchResult counts
+the graphs it captured (`captures`). DRAFTGYM_CUDA_GRAPHS=0 or cuda_graphs=False turns graphs off.
 """
 from __future__ import annotations
 
@@ -78,6 +83,13 @@ __all__ = ["BatchEngine", "BatchResult", "CycleRecord", "RowResult"]
 SPAN_BUCKET = 128  # with CUDA graphs: the key span of a step, rounded up to a multiple of this
 
 
+def row_bucket(a: int) -> int:
+    """The rows a step runs over with CUDA graphs for `a` live rows: 1, 2, 4, then multiples of 8,
+    vLLM's CUDA-graph capture sizes (vllm/config/compilation.py; SGLang's `cuda_graph_bs` is alike).
+    So a load trace that visits every batch size 1..64 replays at most 11 row counts' graphs."""
+    return a if a <= 2 else 4 if a <= 4 else -(-a // 8) * 8
+
+
 def _no_mark() -> None:
     """An untimed step's phase mark (BatchEngine.timed = False)."""
 
@@ -90,9 +102,10 @@ class BatchEngine(RowAdmission):
     """EAGLE-3 (and AR) generation for one target + one head, B prompts at a time."""
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None,
-                 cuda_graphs: bool | None = None, span_bucket: int | None = None):
+                 cuda_graphs: bool | None = None, span_bucket: int | None = None, pad_rows: bool | None = None):
         """cuda_graphs: None = on for a CUDA device (unless DRAFTGYM_CUDA_GRAPHS=0); span_bucket: the
-        step's key span is rounded up to a multiple of it (default 128 with graphs, else 1)."""
+        step's key span is rounded up to a multiple of it (default 128 with graphs, else 1); pad_rows:
+        run each step over row_bucket(live rows) rows (default: with graphs; kv.py BatchState)."""
         prepare_modules(model, head)            # as Engine: the batch-1 and batch-B engines share kernels
         self.model, self.head = model, head
         self.eos = set(eos_token_ids or ())
@@ -104,6 +117,9 @@ class BatchEngine(RowAdmission):
         self.span_bucket = span_bucket or (SPAN_BUCKET if self.graphs.enabled else 1)
         if self.span_bucket < 1:
             raise DraftGymError(f"span_bucket must be >= 1, got {span_bucket}")
+        self.pad_rows = self.graphs.enabled if pad_rows is None else pad_rows
+        self._pad = row_bucket if self.pad_rows else None
+        self._pad_gen = torch.Generator(device=self.device)  # T > 0: the pad rows' draws (nobody reads them)
         self._static: dict[bool, BatchState] = {}            # the static stores, per features (module docstring)
         self.timed = True               # False: no phase marks, the step records' times stay 0 (a timed run's cost)
 
@@ -151,12 +167,14 @@ class BatchEngine(RowAdmission):
         if not prompts:
             return res
         controller.reset()
+        captures = self.graphs.captures
         t0 = self.clock()
         run = Call(prompts, max_new, seeds, temperature, features, res, queue=list(range(len(prompts)))[::-1],
                    arrival=arrivals, t0=t0, eos=frozenset(self.eos if eos is None else eos), on_result=on_result,
                    stop_refill=stop_refill)
         B = min(batch_size, len(prompts) if arrivals is None else self._arrived(run))
-        state = self._stores(B, self._span(max(len(p) for p in prompts) + max(max_new) + HEADROOM) + 1, features)
+        state = self._stores(B, min(batch_size, len(prompts)),
+                             self._span(max(len(p) for p in prompts) + max(max_new) + HEADROOM) + 1, features)
         rows = Rows(B)
         if not features:
             res.prefill_s += self._fill_grouped(state, rows, run)
@@ -171,6 +189,7 @@ class BatchEngine(RowAdmission):
             if rows.req:
                 self._step(state, rows, run, controller)
         res.wall_s = self.clock() - t0                        # a sync: every mark of the call has completed
+        res.captures = self.graphs.captures - captures
         self._step_times(run)
         return res
 
@@ -195,13 +214,15 @@ class BatchEngine(RowAdmission):
                 c.t_cycle = record.t_step
         run.marks.clear()
 
-    def _stores(self, B: int, S: int, features: bool) -> BatchState:
-        """The static stores for B rows of capacity >= S (made when the last call's do not fit)."""
+    def _stores(self, B: int, most: int, S: int, features: bool) -> BatchState:
+        """The static stores, B live rows to load, room for `most` rows of capacity >= S (made when
+        the last call's do not fit; a call of fewer rows runs on the first slots of larger ones)."""
         st = self._static.get(features)
-        if st is None or st.rows != B or st.capacity < S:
+        slots = (self._pad or int)(most)
+        if st is None or st.slots < slots or st.capacity < S:
             self._static.pop(features, None)                 # freed before the new ones are made
-            st = self._static[features] = BatchState(self.model, self.head, B, S, features)
-        return st.alias()
+            st = self._static[features] = BatchState(self.model, self.head, slots, S, features, self._pad)
+        return st.alias(B)
 
     def release(self) -> None:
         """Free the static stores and the CUDA graphs (the next call makes them again)."""
@@ -243,7 +264,7 @@ class BatchEngine(RowAdmission):
         asks them. Eager (each ask reads the host); the verify is graphed as any. Returns the trees,
         the depth drafted and the seconds spent in the hooks (device-synchronised, as t_controller)."""
         if state.rows != 1:
-            raise DraftGymError(f"a controller with level hooks runs at batch size 1, got {state.rows} rows")
+            raise DraftGymError(f"a controller with level hooks runs at batch size 1, got {state.live} rows")
         clock, spent = self.clock, [0.0]
 
         def ask(step):
@@ -267,6 +288,7 @@ class BatchEngine(RowAdmission):
         span = self._span(max(state.n_host) + V)
         state.ensure(span + 1)
         tree = () if trees is None else (trees.tokens, trees.parents, trees.depths, trees.mask)
+        live = state.live
         if run.T <= 0 and self.graphs.enabled:
             key = self._key(state, "verify", V, span, run.features)
             fn = lambda n, *t: step.verify_greedy(self.model, self.head, state, span, run.features, n, *t)
@@ -278,13 +300,17 @@ class BatchEngine(RowAdmission):
             if run.T <= 0:
                 accepted, bonus = accept_greedy_batch(tb, logits)
             else:
-                accepted, bonus = accept_sampling_rows(tb, logits, run.T, gens)
+                accepted, bonus = accept_sampling_rows(tb, logits, run.T, gens + [self._pad_gen] * (state.rows - live))
             packed_dev, order = step.commit(state, state.n, tb, accepted, bonus)
             packed = packed_dev.tolist()                                                  # the host sync
             if hs is not None:
-                step.store_features(self.head, state, state.n, order, hs, 1 + max(p[0] for p in packed))
-        state.n = state.n + packed_dev[:, 0] + 1
-        state.n_host = [n + p[0] + 1 for n, p in zip(state.n_host, packed)]
+                step.store_features(self.head, state, state.n, order, hs, 1 + max(p[0] for p in packed[:live]))
+        grow = packed_dev[:, 0] + 1                                                       # [R]
+        if state.rows > live:
+            grow[live:] = 0                                                               # pad rows stay at PAD
+        state.n = state.n + grow
+        packed = packed[:live]
+        state.n_host = [n + p[0] + 1 for n, p in zip(state.n_host, packed)] + state.n_host[live:]
         return packed, V
 
     def _plan(self, state: BatchState, rows: Rows, run: Call, controller: Controller, queued: int,
@@ -296,9 +322,9 @@ class BatchEngine(RowAdmission):
         root = confidence = None
         if run.features and controller.uses_confidence:
             root = self._pending_forward(state)
-            confidence = log_softmax32(root[1]).amax(-1)                                   # [A]
-        ctx = StepContext(step=len(res.steps), batch_size=state.rows, rows=list(rows.req),
-                          context_lens=list(state.n_host), new_tokens=[len(o) for o in rows.out],
+            confidence = log_softmax32(root[1][: state.live]).amax(-1)                     # [A]
+        ctx = StepContext(step=len(res.steps), batch_size=state.live, rows=list(rows.req),
+                          context_lens=state.n_host[: state.live], new_tokens=[len(o) for o in rows.out],
                           history=rows.hist, queued=queued, confidence=confidence,
                           last=res.steps[-1] if res.steps else None)
         marks["plan"] = mark()
@@ -311,7 +337,7 @@ class BatchEngine(RowAdmission):
         """One step. Its phase boundaries are clock marks (pipeline/runtime/clock.py: CUDA events on a
         GPU, no host sync each), turned into the record's times when the call ends (`_step_times`)."""
         res, mark = run.res, (self.clock.mark if self.timed else _no_mark)
-        A = state.rows
+        A = state.live
         queued = self._arrived(run)
         marks = {"start": mark()}
         shape, root = self._plan(state, rows, run, controller, queued, marks, mark)
@@ -329,7 +355,7 @@ class BatchEngine(RowAdmission):
             i = rows.req[max(range(A), key=state.n_host.__getitem__)]          # as Engine: refused at its step
             arch.check_length(self.model.config, len(run.prompts[i]), run.max_new[i], size)
         marks["drafted"] = mark()
-        ctx_lens = list(state.n_host)
+        ctx_lens = state.n_host[:A]
         packed, V = self._verify(state, trees, run, rows.gen)
         marks["verified"] = mark()
         record = StepRecord(step=len(res.steps), batch_size=A, depth=depth, width=width, verify_size=V,

@@ -80,11 +80,6 @@ class BatchSlotKV:
             self.k[i][slot, :, :n] = layer.keys[row, :, :n]
             self.v[i][slot, :, :n] = layer.values[row, :, :n]
 
-    def keep(self, rows: torch.Tensor) -> None:
-        """Keep the given slots only (a copy)."""
-        self.k = [k[rows] for k in self.k]
-        self.v = [v[rows] for v in self.v]
-
     def compact(self, start: torch.Tensor, order: torch.Tensor) -> None:
         """Row r: entry start[r] + order[r, i] moves to start[r] + i, for i < V (the accepted path
         first, in tree order; the rest lands past the row's new length). start: [A], order: [A, V]."""
@@ -94,15 +89,6 @@ class BatchSlotKV:
         dst = start[:, None] + torch.arange(V, device=order.device)
         for t in (*self.k, *self.v):
             t[rows, :, dst] = t[rows, :, src]                                   # the read is a copy first
-
-    def grow(self, S: int) -> None:
-        """Capacity S entries per slot (a copy; done when a step would write past the end)."""
-        self.k = [_grow(t, 2, S) for t in self.k]
-        self.v = [_grow(t, 2, S) for t in self.v]
-
-    @property
-    def capacity(self) -> int:
-        return self.k[0].shape[2]
 
 
 class HeadSlotKV(KVBuffer):
@@ -133,74 +119,93 @@ class HeadSlotKV(KVBuffer):
         self.keys[slot, :, :n] = kv[0][0, :, :n]
         self.values[slot, :, :n] = kv[1][0, :, :n]
 
-    def keep(self, rows: torch.Tensor) -> None:
-        self.keys, self.values, self.pos = self.keys[rows], self.values[rows], self.pos[rows]
-
-    def grow(self, S: int) -> None:
-        self.keys, self.values = _grow(self.keys, 2, S), _grow(self.values, 2, S)
-
-
-def _add_rows(t: torch.Tensor, k: int) -> torch.Tensor:
-    return torch.cat([t, t.new_zeros((k, *t.shape[1:]))])
-
-
-def _grow(t: torch.Tensor, dim: int, S: int) -> torch.Tensor:
-    if t.shape[dim] >= S:
-        return t
-    shape = list(t.shape)
-    shape[dim] = S - t.shape[dim]
-    return torch.cat([t, t.new_zeros(shape)], dim)
-
 
 class BatchState:
     """Every per-row store of the batched engine, and each row's lengths n_r (target cache) and dl_r
     (head cache), on the device and mirrored on the host (the host copy sizes each step's tensors
     without a device read).
 
+    Slots, live rows and run rows. The stores (`full`: target K/V per layer, tokens, and with
+    features the head's K/V and the feature store) are made for `slots` rows and stay where they
+    are while rows join and leave, so the CUDA graphs captured on them stay valid:
+
+        live rows   slots [0, live): a row that leaves takes the last live row into its slot (one
+                    copy of that row); a row that joins takes slot `live`
+        run rows    slots [0, rows), rows = pad(live) >= live: what a step computes over. The
+                    attributes kv.k, kv.v, ids, feat, hkv.* are views of the first `rows` slots
+                    (same addresses as the stores). The pad rows [live, rows) hold n = dl = 1 and
+                    compute values nobody reads; their writes land in their own free slots.
+
+    pad is the identity without CUDA graphs and rounds up to a capture size with them
+    (pipeline/decode/batch/engine.py `row_bucket`), so a step over 5 live rows replays the graph of
+    8 rows instead of capturing one for 5. The host lists n_host, dl_host cover the run rows.
+
     features=False (AR at batch B): no head cache and no feature store."""
 
-    def __init__(self, model, head, B: int, S: int, features: bool):
-        dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    PAD = 1                                 # n = dl of a pad row: one entry, nothing pending
+    S_DIM = {"k": 2, "v": 2, "ids": 1, "hk": 2, "hv": 2, "feat": 1}     # each store's entry (capacity) dim
+
+    def __init__(self, model, head, slots: int, S: int, features: bool, pad=None):
+        dev = next(model.parameters()).device
         n_layers, n_kv, d = kv_geometry(model)
-        self.kv = BatchSlotKV(n_layers, B, n_kv, S, d, dtype, dev)
-        self.ids = torch.zeros(B, S, dtype=torch.long, device=dev)              # [A, S]
-        self.n = torch.zeros(B, dtype=torch.long, device=dev)                   # [A]
-        self.dl = torch.zeros(B, dtype=torch.long, device=dev)                  # [A]
-        self.n_host, self.dl_host = [0] * B, [0] * B
+        self.device, self.pad = dev, pad or _same
+        self.kv = BatchSlotKV(n_layers, slots, n_kv, S, d, next(model.parameters()).dtype, dev)
+        self.full = {"k": self.kv.k, "v": self.kv.v, "ids": [torch.zeros(slots, S, dtype=torch.long, device=dev)]}
         self.hkv = self.feat = None
         if features:
             c = head.cfg
-            self.hkv = HeadSlotKV(B, c.num_key_value_heads, S, c.dim_head, head.dtype, dev)
-            self.feat = torch.zeros(B, S, c.hidden_size, dtype=head.dtype, device=dev)   # [A, S, H]
+            self.hkv = HeadSlotKV(slots, c.num_key_value_heads, S, c.dim_head, head.dtype, dev)
+            self.full |= {"hk": [self.hkv.keys], "hv": [self.hkv.values],
+                          "feat": [torch.zeros(slots, S, c.hidden_size, dtype=head.dtype, device=dev)]}  # [slots, S, H]
+        self.live, self.n_host, self.dl_host = 0, [], []
+        self.add(slots)                                                         # every slot live, to be loaded
 
     @property
     def rows(self) -> int:
+        """The run rows a step computes over (live rows + pad rows)."""
         return self.ids.shape[0]
 
-    def alias(self) -> "BatchState":
-        """A state over the same stores (the engine's static caches, reused call after call): rows
-        leaving, joining or growing replace the alias's tensors, never the original's."""
+    @property
+    def slots(self) -> int:
+        return self.full["ids"][0].shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.full["ids"][0].shape[1]
+
+    def _view(self, R: int) -> None:
+        """The step's tensors: views of the first R slots; n, dl from the host lists (pad rows: PAD)."""
+        f, dev = self.full, self.device
+        self.kv.k, self.kv.v = [t[:R] for t in f["k"]], [t[:R] for t in f["v"]]
+        self.kv.pos = torch.zeros(R, dtype=torch.long, device=dev)
+        self.ids = f["ids"][0][:R]                                              # [R, S]
+        if self.hkv is not None:
+            self.hkv.keys, self.hkv.values = f["hk"][0][:R], f["hv"][0][:R]
+            self.hkv.pos = torch.zeros(R, dtype=torch.long, device=dev)
+            self.feat = f["feat"][0][:R]                                        # [R, S, H]
+        pads = [self.PAD] * (R - self.live)
+        self.n_host, self.dl_host = self.n_host[: self.live] + pads, self.dl_host[: self.live] + pads
+        self.n = torch.tensor(self.n_host, dtype=torch.long, device=dev)        # [R]
+        self.dl = torch.tensor(self.dl_host, dtype=torch.long, device=dev)      # [R]
+
+    def alias(self, live: int) -> "BatchState":
+        """A state over the same stores (the engine's static caches, reused call after call) with
+        `live` rows to be loaded. It shares `full`: stores it grows are grown for the original too."""
         new = object.__new__(BatchState)
         new.__dict__.update(self.__dict__)
         new.kv = object.__new__(type(self.kv))
-        new.kv.__dict__.update(self.kv.__dict__, k=list(self.kv.k), v=list(self.kv.v))
+        new.kv.__dict__.update(self.kv.__dict__)
         if self.hkv is not None:
             new.hkv = object.__new__(type(self.hkv))
             new.hkv.__dict__.update(self.hkv.__dict__)
-        new.n_host, new.dl_host = list(self.n_host), list(self.dl_host)
+        new.live, new.n_host, new.dl_host = 0, [], []
+        new.add(live)
         return new
 
     def buffers(self) -> tuple[int, ...]:
         """The addresses of every store a step writes or reads in place: a CUDA graph of a step part
         is valid exactly while these are unchanged (pipeline/runtime/cuda_graphs.py)."""
-        ts = [*self.kv.k, *self.kv.v, self.ids]
-        if self.feat is not None:
-            ts += [self.feat, self.hkv.keys, self.hkv.values]
-        return tuple(t.data_ptr() for t in ts)
-
-    @property
-    def capacity(self) -> int:
-        return self.ids.shape[1]
+        return tuple(t.data_ptr() for ts in self.full.values() for t in ts)
 
     def load(self, slot: int, seq: list[int], cache, n: int, head_kv=None, dl: int = 0,
              feats: torch.Tensor | None = None, row: int = 0) -> None:
@@ -216,36 +221,55 @@ class BatchState:
             if dl:
                 self.hkv.load(slot, head_kv, dl)
 
-    def keep(self, keep: list[int]) -> None:
-        """Drop every slot but `keep` (a copy of the live rows; done when a row leaves an empty queue)."""
-        rows = torch.tensor(keep, dtype=torch.long, device=self.ids.device)
-        self.kv.keep(rows)
-        self.ids, self.n, self.dl = self.ids[rows], self.n[rows], self.dl[rows]
-        self.n_host, self.dl_host = [self.n_host[i] for i in keep], [self.dl_host[i] for i in keep]
-        if self.feat is not None:
-            self.feat = self.feat[rows]
-            self.hkv.keep(rows)
+    def keep(self, keep: list[int]) -> list[int]:
+        """Keep the live slots `keep` (ascending) only: each one at or past len(keep) moves into a
+        slot below it that lost its row (one copy of the moved rows, in place). Returns, per new
+        slot, the old slot its row came from (Rows.keep takes it)."""
+        L, kept = len(keep), set(keep)
+        holes = [i for i in range(L) if i not in kept]
+        movers = [j for j in keep if j >= L]
+        order = list(range(L))
+        if holes:
+            dst, src = (torch.tensor(x, dtype=torch.long, device=self.device) for x in (holes, movers))
+            for ts in self.full.values():
+                for t in ts:
+                    t[dst] = t[src]                                             # the read is a copy first
+            for h, m in zip(holes, movers):
+                order[h] = m
+                self.n_host[h], self.dl_host[h] = self.n_host[m], self.dl_host[m]
+        self.live = L
+        self._view(self.pad(L))
+        return order
 
     def add(self, k: int) -> None:
-        """k empty slots after the live ones (a copy; done when arriving requests find room below
-        the batch's limit). The caller loads each before the next forward."""
-        kv = self.kv
-        kv.k, kv.v = [_add_rows(t, k) for t in kv.k], [_add_rows(t, k) for t in kv.v]
-        kv.pos = _add_rows(kv.pos, k)
-        self.ids, self.n, self.dl = _add_rows(self.ids, k), _add_rows(self.n, k), _add_rows(self.dl, k)
-        self.n_host, self.dl_host = self.n_host + [0] * k, self.dl_host + [0] * k
-        if self.feat is not None:
-            self.feat = _add_rows(self.feat, k)
-            h = self.hkv
-            h.keys, h.values, h.pos = _add_rows(h.keys, k), _add_rows(h.values, k), _add_rows(h.pos, k)
+        """k more live rows, slots [live, live + k) (more slots made when the stores are short: a
+        copy). The caller loads each before the next forward."""
+        live = self.live + k
+        if self.pad(live) > self.slots:
+            self._resize(slots=self.pad(live))
+        self.n_host, self.dl_host = self.n_host[: self.live] + [0] * k, self.dl_host[: self.live] + [0] * k
+        self.live = live
+        self._view(self.pad(live))
 
     def ensure(self, need: int) -> None:
         """Room for index need - 1 in every store (grown by at least half when short)."""
-        if need <= self.capacity:
-            return
-        S = max(need, self.capacity + self.capacity // 2)
-        self.kv.grow(S)
-        self.ids = _grow(self.ids, 1, S)
-        if self.feat is not None:
-            self.feat = _grow(self.feat, 1, S)
-            self.hkv.grow(S)
+        if need > self.capacity:
+            self._resize(S=max(need, self.capacity + self.capacity // 2))
+
+    def _resize(self, slots: int = 0, S: int = 0) -> None:
+        """Bigger stores (a copy: new addresses, so the graphs on the old ones are not replayed)."""
+        for name, ts in self.full.items():
+            ts[:] = [_grow(_grow(t, 0, slots), self.S_DIM[name], S) for t in ts]
+        self._view(self.rows)
+
+
+def _same(a: int) -> int:
+    return a
+
+
+def _grow(t: torch.Tensor, dim: int, S: int) -> torch.Tensor:
+    if t.shape[dim] >= S:
+        return t
+    shape = list(t.shape)
+    shape[dim] = S - t.shape[dim]
+    return torch.cat([t, t.new_zeros(shape)], dim)

@@ -46,6 +46,7 @@ class BatchResult:
     wall_s: float = 0.0
     prefill_s: float = 0.0          # every row's prefill (target + head), refills included
     idle_s: float = 0.0             # waits for the next arrival skipped on the call's clock (arrivals only)
+    captures: int = 0               # CUDA graphs this call captured (0 without graphs; replays are free of it)
 
     def __len__(self):
         return len(self.rows)

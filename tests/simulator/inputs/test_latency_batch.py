@@ -196,3 +196,21 @@ def test_prefill_note_names_prompts_outside_the_profiled_lengths():
                     "from 256 tokens) the profiled prefill lengths 64-256; profile --prefill-lengths to cover them")
     assert prefill_note(lat, [64, 200, 256]) is None and prefill_note(lat, []) is None
     assert prefill_note(LatencyModel.from_rows(hand_rows()), [32]) is None       # no prefill rows: nothing charged
+
+
+def test_padded_profile_prices_a_step_at_its_row_bucket():
+    """A profile whose env says the engine pads (row_bucket: CUDA graphs) charges B rows at
+    row_buckets(B): 3 rows cost 4 rows, 5..8 rows cost 8; without it B interpolates. row_buckets is
+    the engine's row_bucket, vectorised."""
+    from pipeline.decode.batch.engine import row_bucket
+    from simulator.latency.batch import row_buckets
+
+    assert row_buckets(np.arange(1, 201)).tolist() == [row_bucket(a) for a in range(1, 201)]
+    rows = hand_rows()
+    padded = LatencyModel.from_rows([{**r, "env_json": '{"row_bucket": true}'} for r in rows])
+    plain = LatencyModel.from_rows(rows)
+    assert padded.meta["row_bucket"] and not plain.meta["row_bucket"]
+    for B, at in ((1, 1), (2, 2), (3, 4), (5, 8), (7, 8), (8, 8)):
+        assert padded.t_step(3, 4, 10, 200, batch=B) == pytest.approx(plain.t_step(3, 4, 10, 200, batch=at))
+    assert plain.t_step(3, 4, 10, 200, batch=5) < plain.t_step(3, 4, 10, 200, batch=8)
+    assert padded.scaled(2.0).row_bucket
