@@ -220,6 +220,7 @@ class BatchEngine(RowAdmission):
         st = self._static.get(features)
         slots = (self._pad or int)(most)
         if st is None or st.slots < slots or st.capacity < S:
+            slots = max(slots, st.slots if st is not None else 0)   # a longer prompt at B = 1 keeps the slots
             self._static.pop(features, None)                 # freed before the new ones are made
             st = self._static[features] = BatchState(self.model, self.head, slots, S, features, self._pad)
         return st.alias(B)

@@ -116,3 +116,17 @@ def test_stores_are_reused_by_a_smaller_call(tiny):
     beng.generate_ar(prompts[:2], 4, batch_size=2)
     assert beng._static[False] is st and st.buffers() == addr
     assert torch.is_tensor(st.full["ids"][0])
+
+
+def test_a_longer_call_of_fewer_rows_keeps_the_slots(tiny):
+    """A batch-1 call that needs more capacity makes new stores with the old slot count, so the next
+    call of many rows fits them (no new stores, and no new graphs on a GPU)."""
+    _, beng, prompts, _ = tiny
+    beng.release()
+    beng.generate_ar(prompts, 4, batch_size=6)
+    beng.generate_ar([prompts[0] * 20], 4, batch_size=1)
+    st = beng._static[False]
+    assert st.slots >= 6
+    addr = st.buffers()
+    beng.generate_ar(prompts, 4, batch_size=6)
+    assert beng._static[False] is st and st.buffers() == addr
