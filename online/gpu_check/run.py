@@ -261,7 +261,7 @@ def run_check(cfg: CheckConfig) -> dict:
     report = {"format": "draftgym-gpu-check/1", "run_id": time.strftime("%Y%m%d-%H%M%S"), "config": asdict(cfg),
               "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
               "environment": environment_fingerprint(dev, cfg.dtype), "steps": {}}
-    if report["environment"]["draftgym_commit"] is None:
+    if cfg.commit:              # named by the caller: it wins over a checkout the device machine may hold (log 2026-11-28)
         report["environment"]["draftgym_commit"] = cfg.commit
     state: dict = {}
 

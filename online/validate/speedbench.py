@@ -74,12 +74,14 @@ class Call:
 
 def run_calls(engine: BatchEngine, prompts: list[list[int]], methods: dict[str, Callable[[], Controller] | None],
               calls: Callable[[int], list[Call]], max_new_tokens: int, temperature: float = 0.0, runs: int = 3,
-              progress: bool = True, before=None, after=None) -> tuple[dict, list[tuple]]:
+              progress: bool = True, before=None, after=None, warmup: str = "short") -> tuple[dict, list[tuple]]:
     """The one decoding driver of `draftgym validate`, at every batch size: for run r = 0..runs-1 and
     each Call of calls(r), every method decodes the call's requests in one generation, the methods
     rotated per run (run r starts at method r mod M, so none always decodes first or last).
-    methods: name -> a controller factory (None = AR, every step off). Warm-up generations (8 tokens,
-    untimed) come first, one per method.
+    methods: name -> a controller factory (None = AR, every step off). Warm-up generations come
+    first, untimed, per method: warmup "short", one of 8 tokens on the first call's first two
+    requests; "full", every call of run 0 in full (what a server does before it serves: with CUDA
+    graphs, the row counts, spans and shapes the calls visit are captured then, not in a timed run).
 
     Lossless (T = 0): every row is classified against its prompt's batch-1 AR output
     (pipeline/decode/lossless.py), taken from the AR method's own generation of that prompt at B = 1
@@ -89,10 +91,17 @@ def run_calls(engine: BatchEngine, prompts: list[list[int]], methods: dict[str, 
 
     Returns ({(r, k, method): BatchResult}, verdicts: (method, r, k, row j, prompt index, verdict))."""
     names = list(methods)
+    if warmup not in ("short", "full"):
+        raise ValueError(f"warmup must be 'short' or 'full', got {warmup!r}")
     warm = calls(0)[0]
     for name in names:
-        _generate(engine, methods[name], Call(min(2, warm.batch), warm.requests[:2], warm.seeds[:2]), prompts,
-                  [8] * len(warm.requests[:2]), temperature)
+        if warmup == "full":
+            for call in calls(0):
+                _generate(engine, methods[name], call, prompts, call.max_new or [max_new_tokens] * len(call.requests),
+                          temperature)
+        else:
+            _generate(engine, methods[name], Call(min(2, warm.batch), warm.requests[:2], warm.seeds[:2]), prompts,
+                      [8] * len(warm.requests[:2]), temperature)
     refs: dict[tuple, list[int]] = {}         # (prompt, max_new) -> its batch-1 AR output
     ref_key = lambda i, m: (tuple(prompts[i]), m)
 

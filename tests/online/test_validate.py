@@ -1,4 +1,7 @@
-"""`draftgym validate` end to end on a tiny target: collect -> profile -> train -> validate."""
+"""`draftgym validate` end to end on a tiny target: collect -> profile -> train -> validate; and its
+one driver's warm-up (online/validate/speedbench.py run_calls): "short" decodes 8 tokens of two
+requests per method, "full" every call of run 0 in full per method (validate --load-trace with CUDA
+graphs), and neither reaches the timed results."""
 from __future__ import annotations
 
 import json
@@ -6,6 +9,8 @@ import json
 import pytest
 
 from online.cli import main as cli
+from online.validate.speedbench import Call, run_calls
+from pipeline.decode.batch.result import BatchResult, RowResult
 from tests.conftest import build_tiny_logs
 
 
@@ -217,3 +222,44 @@ def test_step_cost_prices_the_devices_own_steps():
     assert out["by_batch"][2] == pytest.approx((tb + tc) / (tb + 0.8 * tc) - 1)     # the controller's 0.5 s left out
     assert out["rel_error"] == pytest.approx((ta + tb + tc) / (1.25 * ta + tb + 0.8 * tc) - 1)
     assert step_cost([], lat) == {"rel_error": None, "by_batch": {}}
+
+class CountingEngine:
+    """Records every generation (method, batch, requests' prompts, max_new, arrivals)."""
+
+    def __init__(self):
+        self.log = []
+
+    def _res(self, ids):
+        return BatchResult("x", [RowResult(i, list(p)) for i, p in enumerate(ids)])
+
+    def generate_ar(self, ids, max_new, T, seeds, batch_size, arrivals=None):
+        self.log.append(("ar", batch_size, len(ids), tuple(max_new), arrivals))
+        return self._res(ids)
+
+    def generate(self, ids, max_new, T, seeds, batch_size, controller=None, arrivals=None):
+        self.log.append(("spec", batch_size, len(ids), tuple(max_new), arrivals))
+        return self._res(ids)
+
+
+PROMPTS = [[1, 2], [3], [4, 5, 6], [7]]
+CALLS = lambda r: [Call(3, [0, 1, 2, 3], [10 * r + k for k in range(4)], arrivals=[0.0, 0.1, 0.2, 0.3],
+                        max_new=[5, 6, 7, 8])]
+METHODS = {"AR": None, "tree": lambda: None}
+
+
+@pytest.mark.parametrize("warmup, warm_log", [
+    ("short", [("ar", 2, 2, (8, 8), None), ("spec", 2, 2, (8, 8), None)]),
+    ("full", [("ar", 3, 4, (5, 6, 7, 8), [0.0, 0.1, 0.2, 0.3]), ("spec", 3, 4, (5, 6, 7, 8), [0.0, 0.1, 0.2, 0.3])]),
+])
+def test_warmup_generations_come_first_and_are_not_results(warmup, warm_log):
+    eng = CountingEngine()
+    results, verdicts = run_calls(eng, PROMPTS, METHODS, CALLS, 16, temperature=0.5, runs=2, progress=False,
+                                  warmup=warmup)
+    assert eng.log[:2] == warm_log
+    assert len(eng.log) == 2 + 2 * 2 and sorted(results) == [(0, 0, "AR"), (0, 0, "tree"), (1, 0, "AR"), (1, 0, "tree")]
+    assert verdicts == []
+
+
+def test_bad_warmup_is_refused():
+    with pytest.raises(ValueError, match="warmup must be"):
+        run_calls(CountingEngine(), PROMPTS, METHODS, CALLS, 16, temperature=0.5, runs=1, progress=False, warmup="x")

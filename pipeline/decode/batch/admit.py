@@ -8,8 +8,8 @@ prefilled several per forward (pipeline/decode/batch/prefill.py), every other pr
 (as Engine.generate: target forward, then the head over entries 0 .. n-2). Its first token is drawn
 from the prefill's last logits with the row's own generator; a row that this token already ends never
 takes a slot. A row that ends mid-call hands its slot to the next ready prompt at once; once none is
-ready the slot leaves the batch (one copy of the live rows' stores), so every forward runs exactly the
-active rows.
+ready the slot leaves the batch (the last live row moves into it: kv.py BatchState.keep), so every
+forward runs the live rows (padded to row_bucket with CUDA graphs).
 """
 from __future__ import annotations
 

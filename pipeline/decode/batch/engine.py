@@ -14,10 +14,10 @@ One step (docs/design.md, "Serving at batch size B"), for the A <= B active rows
             head's next pending entries), emit L_r + 1 tokens (cut at EOS / max_new_tokens)
     then finished rows leave, and queued prompts take their slots (continuous batching): B stays
     constant while prompts remain. Once the queue is empty a finished row's slot is dropped at once
-    (one copy of the live rows' stores), so every forward runs exactly the active rows.
+    (the last live row moves into it), so every forward runs the live rows (padded with graphs, below).
 
 Arrivals (`arrivals=`, s from the call's start, non-decreasing in prompt order): a request may take
-a slot only once it has arrived, so under load the batch grows (new slots appended, up to
+a slot only once it has arrived, so under load the batch grows (the next free slots, up to
 batch_size) and shrinks with the traffic, as a serving engine's does. The call's clock is the wall
 clock with the waits for the next arrival skipped (nothing runs then, so skipping them changes no
 timing and saves the wait); each row records its arrival, join and finish times on that clock.
