@@ -255,12 +255,13 @@ class BatchState:
         """Room for index need - 1 in every store (grown by at least half when short)."""
         if need > self.capacity:
             self._resize(S=max(need, self.capacity + self.capacity // 2))
+            self._view(self.rows)
 
     def _resize(self, slots: int = 0, S: int = 0) -> None:
-        """Bigger stores (a copy: new addresses, so the graphs on the old ones are not replayed)."""
+        """Bigger stores (a copy: new addresses, so the graphs on the old ones are not replayed); the
+        caller takes its views anew."""
         for name, ts in self.full.items():
             ts[:] = [_grow(_grow(t, 0, slots), self.S_DIM[name], S) for t in ts]
-        self._view(self.rows)
 
 
 def _same(a: int) -> int:
