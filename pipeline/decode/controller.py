@@ -167,6 +167,7 @@ class StepRecord:
     t_controller: float = 0.0      # plan + observe
     t_step: float = 0.0            # the whole step, refills excluded; minus the three above = overhead
     t_refill: float = 0.0          # prefills of requests that joined after this step
+    captures: int = 0              # CUDA graphs captured in this step (its time holds eager runs and captures)
 
     @property
     def t_overhead(self) -> float:

@@ -56,11 +56,13 @@ def grid_shapes(widths, verify_sizes) -> list[tuple[StepShape, bool]]:
 
 def step_rows(records, shapes, batch: int, context: int, warmup: int) -> dict[tuple, list[float]]:
     """A generation's step records -> samples per row key (op, W, V, c, B) -> [seconds]. Step k played
-    shapes[k % len(shapes)]; the first `warmup` rounds and steps with fewer than B rows are dropped."""
+    shapes[k % len(shapes)]; the first `warmup` rounds, steps with fewer than B rows and steps that
+    captured a CUDA graph (an eager run and a capture: the rows crossed into a new span bucket; on
+    an H200 one such draft step read 190 ms where its cell's median is 0.5 ms) are dropped."""
     samples: dict[tuple, list[float]] = {}
     add = lambda key, t: samples.setdefault(key, []).append(t)
     for k, r in enumerate(records):
-        if k < warmup * len(shapes) or r.batch_size != batch:
+        if k < warmup * len(shapes) or r.batch_size != batch or r.captures:
             continue
         shape, keep_verify = shapes[k % len(shapes)]
         if keep_verify:

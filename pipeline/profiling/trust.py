@@ -8,6 +8,9 @@ the statistics of its timing samples. Two signs that a cell measured something e
              quiet 2-core EPYC (fp32) spread 1.02-1.25 (verify) and 1.37-1.94 (draft_step), while
              a second job sharing the cores can spread a cell 17x (p10 90 ms, median 1,531 ms)
              and mislead `tune`.
+    outlier  mean / median > MEAN_MAX: a few samples far out that the quantiles do not show (one
+             sample of 15 at 190 ms in a cell whose median is 0.5 ms, on an H200: a CUDA graph
+             captured inside the timed steps), yet the replay prices the mean.
     physics  a verify of more tokens, or a step over more rows, costs more: a cell whose median
              exceeds the median of a cell with a larger V (same B, c) or a larger B (same op, W or V,
              c) by more than SLACK is suspect. The slower cell is blamed: interference only ever
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 SPREAD_MAX = 2.5    # p90 / p10 above this: a wild cell
 SLACK = 0.25        # a cell dearer than a larger one's median by more than this share breaks the physics
+MEAN_MAX = 1.5      # mean / median above this: an outlier cell (clean CPU cells: mean 1.00-1.07x the median)
 JUDGED = ("verify", "draft_step")
 
 
@@ -55,8 +59,11 @@ def suspect_cells(rows: list[dict], spread_max: float = SPREAD_MAX, slack: float
     out: dict[tuple, str] = {}
     for k, r in cells.items():
         p10, p90 = float(r["p10"]), float(r["p90"])
+        med, mean = float(r["median"]), float(r.get("mean") or r["median"])
         if p10 > 0 and p90 / p10 > spread_max:
             out.setdefault(k, f"p90/p10 {p90 / p10:.1f}")
+        elif med > 0 and mean / med > MEAN_MAX:
+            out.setdefault(k, f"mean {mean / med:.1f}x the median")
     for k, r in cells.items():
         if k in out:
             continue

@@ -340,6 +340,7 @@ class BatchEngine(RowAdmission):
         res, mark = run.res, (self.clock.mark if self.timed else _no_mark)
         A = state.live
         queued = self._arrived(run)
+        captures = self.graphs.captures
         marks = {"start": mark()}
         shape, root = self._plan(state, rows, run, controller, queued, marks, mark)
         marks["planned"] = mark()
@@ -361,7 +362,7 @@ class BatchEngine(RowAdmission):
         marks["verified"] = mark()
         record = StepRecord(step=len(res.steps), batch_size=A, depth=depth, width=width, verify_size=V,
                             rows=list(rows.req), context_lens=ctx_lens, accepted=[p[0] for p in packed],
-                            emitted=[], queued=queued)
+                            emitted=[], queued=queued, captures=self.graphs.captures - captures)
         done = self._emit(rows, record, packed, run)
         for s in done:
             self._finished(run, rows.req[s])

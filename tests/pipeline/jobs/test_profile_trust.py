@@ -117,3 +117,31 @@ def test_every_cell_of_an_op_suspect_keeps_them():
     assert [(x.op, x.size) for x in trusted_out(rows)] == [("verify", 4)]
     lat = LatencyModel.from_rows(rows, trust=True)
     assert lat.meta["suspect"] == ["verify V=4 c=128 B=1 (p90/p10 19.1)"]
+
+
+def test_an_outlier_cell_is_named_by_its_mean():
+    """One sample far out (the H200 profile's draft step at W = 1, c = 128, B = 1: 14 samples near
+    0.5 ms and one of 190 ms, a graph captured inside the timed steps): the quantiles stay clean, the
+    mean does not, and the replay prices the mean. Named, left out with trust=True; 1.4x is not."""
+    rows = latency_rows("m", "gpu", batches=(1, 4))
+    r = next(r for r in rows if r["op"] == "draft_step" and (r["width"], r["context_len"], r["batch"]) == (10, 128, 1))
+    r["mean"] = 25 * r["median"]
+    (s,) = suspect_cells(rows)
+    assert (s.op, s.size, s.context, s.batch, s.why) == ("draft_step", 10, 128, 1, "mean 25.0x the median")
+    lat = LatencyModel.from_rows(rows, trust=True)
+    assert lat.meta["suspect"] == ["draft_step W=10 c=128 B=1 (mean 25.0x the median)"]
+    r["mean"] = 1.4 * r["median"]
+    assert suspect_cells(rows) == []
+
+
+def test_steps_that_captured_a_graph_are_not_samples():
+    """The profile's sampler drops a step whose record says it captured CUDA graphs."""
+    from pipeline.decode.controller import StepRecord, StepShape
+    from pipeline.profiling.steps import step_rows
+
+    shapes = [(StepShape.off(), True), (StepShape(2, 4, 8), True)]
+    rec = lambda k, t, cap=0: StepRecord(k, 2, shapes[k % 2][0].depth, 4, shapes[k % 2][0].verify_size, [0, 1], [9, 9],
+                                         [0, 0], [1, 1], 0, t_draft=t / 2, t_verify=t, t_step=2 * t, captures=cap)
+    recs = [rec(0, 1.0), rec(1, 1.0), rec(2, 0.01), rec(3, 0.02), rec(4, 0.5, cap=3), rec(5, 0.03, cap=1), rec(6, 0.01)]
+    s = step_rows(recs, shapes, batch=2, context=9, warmup=1)
+    assert s[("verify", 0, 1, 9, 2)] == [0.01, 0.01] and s[("verify", 0, 8, 9, 2)] == [0.02]
