@@ -97,4 +97,4 @@ def drop_suspects(rows: list[dict], suspects: list[Suspect]) -> list[dict]:
 def suspects_line(profile: str, suspects: list[Suspect], action: str = "left out") -> str:
     """One line naming the suspect cells of a profile."""
     return (f"latency profile {profile}: {action} {len(suspects)} suspect cell{'s' * (len(suspects) != 1)} "
-            f"(wild spread or out of order; re-profile on a quiet device): " + "; ".join(s.label() for s in suspects))
+            f"(wild spread, outlier mean or out of order; re-profile on a quiet device): " + "; ".join(s.label() for s in suspects))
