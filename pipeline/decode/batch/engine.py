@@ -118,7 +118,7 @@ class BatchEngine(RowAdmission):
         if self.span_bucket < 1:
             raise DraftGymError(f"span_bucket must be >= 1, got {span_bucket}")
         self.pad_rows = self.graphs.enabled if pad_rows is None else pad_rows
-        self._pad = row_bucket if self.pad_rows else None
+        self._pad = row_bucket if self.pad_rows else int
         self._pad_gen = torch.Generator(device=self.device)  # T > 0: the pad rows' draws (nobody reads them)
         self._static: dict[bool, BatchState] = {}            # the static stores, per features (module docstring)
         self.timed = True               # False: no phase marks, the step records' times stay 0 (a timed run's cost)
@@ -167,7 +167,6 @@ class BatchEngine(RowAdmission):
         if not prompts:
             return res
         controller.reset()
-        captures = self.graphs.captures
         t0 = self.clock()
         run = Call(prompts, max_new, seeds, temperature, features, res, queue=list(range(len(prompts)))[::-1],
                    arrival=arrivals, t0=t0, eos=frozenset(self.eos if eos is None else eos), on_result=on_result,
@@ -189,7 +188,6 @@ class BatchEngine(RowAdmission):
             if rows.req:
                 self._step(state, rows, run, controller)
         res.wall_s = self.clock() - t0                        # a sync: every mark of the call has completed
-        res.captures = self.graphs.captures - captures
         self._step_times(run)
         return res
 
@@ -218,7 +216,7 @@ class BatchEngine(RowAdmission):
         """The static stores, B live rows to load, room for `most` rows of capacity >= S (made when
         the last call's do not fit; a call of fewer rows runs on the first slots of larger ones)."""
         st = self._static.get(features)
-        slots = (self._pad or int)(most)
+        slots = self._pad(most)
         if st is None or st.slots < slots or st.capacity < S:
             slots = max(slots, st.slots if st is not None else 0)   # a longer prompt at B = 1 keeps the slots
             self._static.pop(features, None)                 # freed before the new ones are made

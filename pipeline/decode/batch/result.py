@@ -46,7 +46,6 @@ class BatchResult:
     wall_s: float = 0.0
     prefill_s: float = 0.0          # every row's prefill (target + head), refills included
     idle_s: float = 0.0             # waits for the next arrival skipped on the call's clock (arrivals only)
-    captures: int = 0               # CUDA graphs this call captured (0 without graphs; replays are free of it)
 
     def __len__(self):
         return len(self.rows)
@@ -56,6 +55,11 @@ class BatchResult:
 
     def __iter__(self):
         return iter(self.rows)
+
+    @property
+    def captures(self) -> int:
+        """CUDA graphs this call captured (its steps': every graph is captured inside a step; 0 without graphs)."""
+        return sum(s.captures for s in self.steps)
 
     @property
     def new_tokens(self) -> int:
