@@ -195,11 +195,16 @@ class ProfileSampler:
 
     def remeasure(self) -> int:
         """Run each job with a suspect cell once more (pipeline/profiling/trust.py: a wild spread or out
-        of order in V or B); the suspect cells take the new samples. Returns the number of cells
-        re-measured; any still suspect are named by `tune` and `serve-eval`, which leave them out."""
+        of order in V or B); the suspect cells take the new samples, one generation per round run so
+        far (a re-measured cell has as many samples as its neighbours, not one round's). Returns the
+        number of cells re-measured; any still suspect are named by `tune` and `serve-eval`, which
+        leave them out."""
         bad = suspect_keys(self.samples)
         for job in [j for j in self.jobs if any((k[4], k[3]) == j for k in bad)]:
-            again = self._sample(job)
+            again: dict[tuple, list[float]] = {}
+            for _ in range(max(1, self.rounds)):
+                for k, ts in self._sample(job).items():
+                    again.setdefault(k, []).extend(ts)
             for k in bad:
                 if (k[4], k[3]) == job and k in again:
                     self.samples[k] = again[k]

@@ -83,7 +83,7 @@ def test_profile_remeasures_suspect_cells_once(monkeypatch):
     from pipeline.profiling.profile import ProfileSampler
 
     s = object.__new__(ProfileSampler)
-    s.jobs = [(1, 128), (4, 128)]
+    s.jobs, s.rounds = [(1, 128), (4, 128)], 1
     v = lambda V, ts, B=1: (("verify", 0, V, 128, B), ts)
     s.samples = dict([v(1, [0.040] * 5), v(2, [0.041] * 5), v(4, [0.04, 0.04, 0.7, 0.7, 0.7]), v(8, [0.043] * 5),
                       (("draft_step", 10, 0, 128, 1), [0.003] * 20), v(1, [0.05] * 5, 4), v(4, [0.06] * 5, 4)])
@@ -99,6 +99,10 @@ def test_profile_remeasures_suspect_cells_once(monkeypatch):
     assert s.samples[("draft_step", 10, 0, 128, 1)] == [0.003] * 20
     assert suspect_keys(s.samples) == []
     assert s.remeasure() == 0 and len(ran) == 1                   # nothing suspect: nothing runs
+    # after 2 rounds a re-measured cell gets 2 generations' samples, as many as its neighbours
+    s.rounds, s.samples[("verify", 0, 4, 128, 1)] = 2, [0.04, 0.04, 0.7, 0.7, 0.7] * 2
+    assert s.remeasure() == 1 and ran[1:] == [(1, 128), (1, 128)]
+    assert s.samples[("verify", 0, 4, 128, 1)] == [0.042] * 10
     samples = {("verify", 0, V, 128, 4): [t] * 4 for V, t in ((1, 0.05), (2, 0.09), (4, 0.06))}
     samples[("draft_step", 10, 0, 128, 4)] = [0.003, 0.003, 0.02, 0.02]
     assert suspect_keys(samples) == [("verify", 0, 2, 128, 4), ("draft_step", 10, 0, 128, 4)]
