@@ -7,7 +7,13 @@ K = 1..8, the trees the logs support), replay a closed batch of B rows on the tu
     tokens/s(s, B) = sum of tokens / sum of step times    while the batch is held at B
 
 The best s at each B becomes the schedule (schedule.Schedule.from_choices: the choice at B_i holds up
-to B_{i+1} - 1, equal neighbours merge). Printed per B: the best shape, its tokens/s, x AR (the
+to B_{i+1} - 1, equal neighbours merge). Between two tuned batch sizes whose best shapes differ, tune
+first bisects (`refine`, on unless --no-refine): it tunes the middle B with every candidate, and again
+between any two neighbours that still differ, until they are adjacent. Each switch then falls at the
+batch size where the choice changes, not at the next tuned B: without it, on the H200's 8B-shaped
+profile the tree best at B = 8 (tree:3,10,20) held up to B = 15, where it runs 5.9 % below AR
+(docs/benchmarks/2026-11-28-gpu-replay-h200.md, gpu-replay 8). Probes cost log2(gap) closed-batch
+rounds per switch; a range whose two ends agree is not probed inside. Printed per B: the best shape, its tokens/s, x AR (the
 "off" shape at the same B) and x the second best (how sharp the choice is). Written: the schedule
 JSON (--out, with the whole tuning table inside, for exports that need the best expressible shape)
 and the table as CSV beside it (<out>.csv: batch, shape, tokens_per_s, tau, drafts_per_step, x_ar),
@@ -23,6 +29,22 @@ these batch sizes a schedule beats the single shape s* by at most gap(s*). A hea
 that on this device one static shape is as good as a schedule; the schedule pays where the best
 shape at low B and at high B are far apart (a GPU, whose verify is flat in V until B x V reaches
 its knee).
+
+The headroom compares with one fixed shape; a trace is served against the best static shape for its
+own mix of batch sizes, and the mix bound (`mix_bound`, printed last) is the tight figure. With u_B
+the share of the schedule's busy time spent at B and R[B, s] = best tokens/s(B) / tokens/s(s, B),
+
+    gain(u) = min over s of  sum_B u_B R[B, s]     the schedule over the best static shape for mix u
+    bound   = max over mixes u of gain(u)           a zero-sum game's value, at most the headroom
+
+(x_B tokens served at B take x_B / best(B) under the schedule and x_B R[B, s] / best(B) under s).
+Solved by multiplicative weights for the mix against the static shape's best response, until the
+certificates meet within 0.002: a mix whose gain is `lower`, and the static shapes' average play,
+which no mix beats by more than `gain`. A goal such as "the schedule >= 1.20x the best static shape"
+is out of reach on every trace of these batch sizes when `gain` is below it; the mix that attains it
+says which loads a trace must spend its time at to show the gain. The figures are closed-batch ones:
+under arrivals the methods' batch sizes differ a little, so for a load replay the bound is close, not
+exact.
 
 Logs larger than --max-positions-in-memory: by default tune answers on a seeded window of that many
 positions. With --ray it answers on all of them: the split is cut into chunks of at most that many
@@ -78,6 +100,7 @@ class TuneConfig(ServingLogsConfig):
     split: str = "val"                    # the split the choice is made on
     requests_per_slot: int = 4            # closed batch: max(S, this x B) requests (the split's sequences cycled)
     max_batch: int | None = None          # the last range reaches this batch size (default: the largest tuned B)
+    refine: bool = True                   # bisect between tuned B's whose best shapes differ (module docstring)
     plot: str | None = None               # PNG of tokens/s against B per shape
     as_json: bool = False                 # print one JSON object
     ray: bool = False                     # all positions, in chunks of max_positions_in_memory, as Ray tasks
@@ -125,23 +148,48 @@ def tune_part(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4) ->
     return out
 
 
+SUMS = ("tokens", "time", "row_steps", "drafted")
+
+
+def _pool(parts: list[dict], bs: list[int]) -> dict[int, dict]:
+    """Parts' sums at batch sizes bs -> {B: {sum key: [A]}}, the parts added (module docstring)."""
+    return {B: {k: sum(p[k][i] for p in parts) for k in SUMS} for i, B in enumerate(bs)}
+
+
+def _best(row: dict) -> int:
+    return int(np.argmax(M.tokens_per_s(row["tokens"], row["time"])))
+
+
 def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_batch: int | None = None,
-         split: str | None = None, parts: list[dict] | None = None) -> dict:
-    """Closed-batch tokens/s of every shape at every B -> {"schedule", "batch_sizes", "shapes" [A],
-    "tokens_per_s" [n, A], "tau" [n, A], "drafts_per_step" [n, A], "sequences"}. parts: the chunks'
-    `tune_part` sums, pooled (module docstring); default one part, `logs` itself."""
-    bs = sorted({int(b) for b in batch_sizes})
+         split: str | None = None, parts: list[dict] | None = None, refine: bool = True, measure=None) -> dict:
+    """Closed-batch tokens/s of every shape at every B -> {"schedule", "batch_sizes", "refined",
+    "shapes" [A], "tokens_per_s" [n, A], "tau" [n, A], "drafts_per_step" [n, A], "sequences"}.
+    measure(bs) -> the parts' `tune_part` sums at batch sizes bs, pooled (module docstring; default
+    one part, `logs` itself); parts: those of batch_sizes, already measured (then refining needs
+    `measure`). refine: bisect between neighbours whose best shapes differ; the B's it added are
+    "refined" (n counts them too)."""
     shapes = [S.canonical(s) for s in shapes]
-    parts = parts if parts is not None else [tune_part(logs, latency, bs, shapes, requests_per_slot)]
-    tot = {k: sum(p[k] for p in parts) for k in ("tokens", "time", "row_steps", "drafted")}
+    if measure is None and parts is None:
+        measure = lambda b: [tune_part(logs, latency, b, shapes, requests_per_slot)]
+    bs = sorted({int(b) for b in batch_sizes})
+    parts = parts if parts is not None else measure(bs)
+    rows, n_seq = _pool(parts, bs), sum(p["sequences"] for p in parts)
+    while refine and measure is not None:
+        known = sorted(rows)
+        mids = [(a + b) // 2 for a, b in zip(known, known[1:]) if b - a > 1 and _best(rows[a]) != _best(rows[b])]
+        if not mids:
+            break
+        rows.update(_pool(measure(mids), mids))
+    bs_all = sorted(rows)
+    tot = {k: np.stack([rows[B][k] for B in bs_all]) for k in SUMS}                    # [n, A] each
     tps = M.tokens_per_s(tot["tokens"], tot["time"])                                  # [n, A]
     best = [shapes[int(np.argmax(row))] for row in tps]
-    n_seq = sum(p["sequences"] for p in parts)
-    tuning = {"batch_sizes": bs, "shapes": [S.label(s) for s in shapes], "tokens_per_s": tps.round(6).tolist()}
+    refined = [B for B in bs_all if B not in bs]
+    tuning = {"batch_sizes": bs_all, "shapes": [S.label(s) for s in shapes], "tokens_per_s": tps.round(6).tolist()}
     meta = {"split": split, "model": logs.model, "dtype": logs.dtype, "latency_profile": latency.meta.get("profile_id"),
-            "device": latency.meta.get("device"), "sequences": n_seq, "chunks": len(parts)}
-    sched = Schedule.from_choices(bs, best, max_batch=max_batch, tuning=tuning, meta=meta)
-    return {"schedule": sched, "batch_sizes": bs, "shapes": shapes, "tokens_per_s": tps,
+            "device": latency.meta.get("device"), "sequences": n_seq, "chunks": len(parts), "refined": refined}
+    sched = Schedule.from_choices(bs_all, best, max_batch=max_batch, tuning=tuning, meta=meta)
+    return {"schedule": sched, "batch_sizes": bs_all, "refined": refined, "shapes": shapes, "tokens_per_s": tps,
             "tau": M.tau(tot["tokens"], tot["row_steps"]), "drafts_per_step": M.drafts_per_step(tot["drafted"], tot["row_steps"]),
             "sequences": n_seq}
 
@@ -159,14 +207,14 @@ def tune_chunks_on_ray(cfg, latency, batch_sizes, shapes) -> list[dict]:
 
 
 def summary_rows(res: dict) -> list[dict]:
-    """One row per tuned B: best shape, tokens/s, x AR, x second best."""
+    """One row per tuned B (refined: added by bisection): best shape, tokens/s, x AR, x second best."""
     off = res["shapes"].index(S.OFF)
     out = []
     for i, B in enumerate(res["batch_sizes"]):
         row = res["tokens_per_s"][i]
         o = np.argsort(-row)
         second = row[o[1]] if len(o) > 1 else np.nan
-        out.append({"batch": B, "best": S.label(res["shapes"][o[0]]), "tokens_per_s": float(row[o[0]]),
+        out.append({"batch": B, "refined": B in res.get("refined", ()), "best": S.label(res["shapes"][o[0]]), "tokens_per_s": float(row[o[0]]),
                     "tau": float(res["tau"][i, o[0]]), "x_ar": float(row[o[0]] / row[off]),
                     "second": S.label(res["shapes"][o[1]]) if len(o) > 1 else None,
                     "x_second": float(row[o[0]] / second) if len(o) > 1 else None})
@@ -182,6 +230,33 @@ def headroom(res: dict) -> dict:
     a = int(np.argmin(worst))
     return {"shape": S.label(res["shapes"][a]), "gap": float(worst[a]),
             "at_batch": int(res["batch_sizes"][int(np.argmax(gap[:, a]))])}
+
+
+def mix_bound(res: dict, tol: float = 0.002, max_iters: int = 50_000) -> dict:
+    """The most a per-B schedule gains over the best static shape for a mix of the tuned batch sizes,
+    over every mix (module docstring): {"gain" (certified from above), "lower" (attained by "mix"),
+    "mix" {B: busy-time share >= 1 %}, "static" (the best static shape against that mix)}."""
+    tps = np.asarray(res["tokens_per_s"], np.float64)                   # [n, A]
+    R = tps.max(1, keepdims=True) / np.maximum(tps, 1e-12)              # [n, A] >= 1, 1 at each B's best
+    n = R.shape[0]
+    logw, plays = np.zeros(n), np.zeros(R.shape[1])                     # the mix's log weights; the shapes' plays
+    lower, best_u, span, upper = 0.0, np.full(n, 1.0 / n), 1e-12, np.inf
+    for t in range(1, max_iters + 1):
+        u = np.exp(logw - logw.max())
+        u /= u.sum()
+        v = u @ R                                                       # [A] each static shape against mix u
+        s = int(np.argmin(v))                                           # the best static shape for it
+        if v[s] > lower:
+            lower, best_u = float(v[s]), u
+        plays[s] += 1
+        upper = min(upper, float((R @ plays).max() / t))                # no mix beats the average play by more
+        if upper - lower <= tol:
+            break
+        span = max(span, float(np.ptp(R[:, s])))
+        logw += np.sqrt(np.log(max(n, 2)) / t) / span * R[:, s]         # the mix moves to where s loses most
+    bs = res["batch_sizes"]
+    return {"gain": upper, "lower": lower, "static": S.label(res["shapes"][int(np.argmin(best_u @ R))]),
+            "mix": {int(bs[i]): float(best_u[i]) for i in range(n) if best_u[i] >= 0.01}}
 
 
 def write_table(res: dict, path: Path) -> Path:
@@ -249,29 +324,42 @@ def run_tune_command(cfg: TuneConfig) -> int:
     if logs.n_sequences == 0:
         raise DataError(f"no sequences in split {cfg.split!r}")
     cands, note = profiled_candidates(logs, lat, cfg.shapes)
-    parts = tune_chunks_on_ray(cfg, lat, bs, cands) if cfg.ray else None
-    res = tune(logs, lat, bs, cands, cfg.requests_per_slot, cfg.max_batch, cfg.split, parts=parts)
+    chunks: list[int] = []                 # --ray: how many chunks each measurement pooled (the same each time)
+
+    def on_ray(b):
+        got = tune_chunks_on_ray(cfg, lat, b, cands)
+        chunks.append(len(got))
+        return got
+    measure = on_ray if cfg.ray else None
+    res = tune(logs, lat, bs, cands, cfg.requests_per_slot, cfg.max_batch, cfg.split, refine=cfg.refine, measure=measure)
     sched = res["schedule"]
     out = sched.save(cfg.out)
     table = write_table(res, out.with_suffix(".csv"))
     if cfg.plot:
         plot_curves(res, cfg.plot)
-    rows, room = summary_rows(res), headroom(res)
+    rows, room, bound = summary_rows(res), headroom(res), mix_bound(res)
     if cfg.as_json:
-        print(json.dumps({"schedule": sched.to_json()["ranges"], "per_batch": rows, "headroom": room, "out": str(out),
+        print(json.dumps({"schedule": sched.to_json()["ranges"], "per_batch": rows, "headroom": room, "mix_bound": bound,
+                          "out": str(out),
                           "table": str(table), "plot": cfg.plot, "note": note, "what_if": lat.meta.get("what_if")}))
         return 0
-    chunks = f" in {len(parts)} Ray chunks" if parts is not None else ""
+    chunks = f" in {chunks[0]} Ray chunks" if chunks else ""
     print(f"tuned on {res['sequences']} {cfg.split} sequences{chunks}, {len(res['shapes'])} shapes, latency "
           f"{lat.meta.get('profile_id')} ({lat.meta.get('device')})" + (" [what-if]" if lat.meta.get("what_if") else ""))
     print(f"{'B':>5}  {'best shape':<16} {'tokens/s':>10} {'x AR':>6} {'x 2nd':>6}  second")
     for r in rows:
-        print(f"{r['batch']:>5}  {r['best']:<16} {r['tokens_per_s']:>10.1f} {r['x_ar']:>6.2f} "
+        print(f"{str(r['batch']) + ('*' if r['refined'] else ''):>5}  {r['best']:<16} {r['tokens_per_s']:>10.1f} {r['x_ar']:>6.2f} "
               f"{(r['x_second'] or float('nan')):>6.3f}  {r['second']}")
+    if res["refined"]:
+        print(f"* probed between tuned batch sizes whose best shapes differ ({len(res['refined'])} more; --no-refine: none)")
     print("schedule: " + ", ".join(f"B {b} -> {s}" for b, s in sched.table()))
     print(f"headroom: at every tuned B the best shape is within {room['gap']:.3f}x of {room['shape']} (furthest at "
           f"B = {room['at_batch']}), so over any mix of these batch sizes a schedule gains at most {room['gap']:.3f}x "
           f"over {room['shape']} alone")
+    mix = ", ".join(f"B {b} {100 * w:.0f} %" for b, w in bound["mix"].items())
+    print(f"mix bound: over any mix of these batch sizes a schedule gains at most {bound['gain']:.3f}x over the best "
+          f"static shape for that mix ({bound['lower']:.3f}x attained with {mix} of its busy time, against "
+          f"{bound['static']})")
     print(f"wrote {out} and {table}" + (f" and {cfg.plot}" if cfg.plot else ""))
     if note:
         print("note: " + note)

@@ -218,10 +218,10 @@ def test_collect_on_a_two_node_cluster(tmp_path, tiny_model_dir, monkeypatch):
         window, lat = load_inputs(cfg)
         shapes, _ = profiled_candidates(window, lat)
         src = LogSource(tl, split="all", widths="all", progress=False)
-        parts = [tune_part(c, lat, [1, 4], shapes) for c in src.chunks(150, scores=False)]
-        assert len(parts) > 1
+        measure = lambda bs: [tune_part(c, lat, bs, shapes) for c in src.chunks(150, scores=False)]
+        assert len(measure([1])) > 1
         assert json.loads(p.stdout.strip().splitlines()[-1])["per_batch"] == \
-            summary_rows(tune(window, lat, [1, 4], shapes, parts=parts))
+            summary_rows(tune(window, lat, [1, 4], shapes, measure=measure))
 
         # what did the workers get? Asked from another fresh driver process: this pytest process never
         # connects to the test cluster (a later test's embedded Ray would not start cleanly after it)
