@@ -233,12 +233,10 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
                    help="candidates besides off: chain K = 1..8 (needs width-1 logs), the logged trees, or both")
     p.add_argument("--split", help="split the choice is made on")
     p.add_argument("--requests-per-slot", type=COUNT, help="closed batch of B rows: max(sequences, this x B) requests, the split's sequences cycled")
-    p.add_argument("--max-batch", type=COUNT, default=None,
-                   help="the schedule's last range reaches this batch size (default: the largest tuned B)")
+    p.add_argument("--max-batch", type=COUNT, help="the schedule's last range reaches this batch size (default: the largest tuned B)")
     p.add_argument("--out", required=True, help="schedule JSON to write (the tokens/s table goes beside it, same name with .csv)")
-    p.add_argument("--no-refine", dest="refine", action="store_false", default=None,
-                   help="tune only --batch-sizes (default: also bisect between tuned batch sizes whose best shapes "
-                        "differ, so each switch of the schedule falls where the best shape changes)")
+    p.add_argument("--no-refine", dest="refine", action="store_false", default=None, help="tune only --batch-sizes "
+                   "(default: also bisect where neighbouring tuned B's best shapes differ, to find each switch)")
     p.add_argument("--plot", default=None, help="PNG of tokens/s x AR against B per shape (default: no plot)")
     p.add_argument("--ray", action="store_true",
                    help="tune on every position, not a window: each chunk of --max-positions-in-memory positions "
