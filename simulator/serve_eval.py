@@ -195,9 +195,29 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
             seg = np.repeat(np.arange(len(load["rates"])), load["requests_per_rate"])
             tp = metrics.tpot(res.join, res.finish, res.tokens)
             r["tpot_by_rate_s"] = [float(np.nanmean(tp[seg == k])) for k in range(len(load["rates"]))]
+            r["mean_batch_by_rate"] = batch_by_segment(res, arrivals, load["requests_per_rate"])
+    if "rates" in load and not cfg.rates:
+        notes += short_segments(parse_positive_ints(cfg.target_batches, "--target-batches"), rows[0]["mean_batch_by_rate"])
     return {"rows": rows, "load": load, "max_batch": max_batch, "tpot_target_s": target, "schedule": sched.to_json()["ranges"],
             "best_static": S.label(best), "static_on_tune_split": static_runs, "notes": notes,
             "split": cfg.split, "tune_split": cfg.tune_split, "latency_profile": lat.meta.get("profile_id")}
+
+
+def batch_by_segment(res, arrivals, counts) -> list[float]:
+    """Mean batch (row-steps / steps) over the steps that start while each segment of a sweep arrives
+    (from its first arrival to the next segment's; the last runs to the end)."""
+    first = np.asarray(arrivals)[np.cumsum([0, *counts[:-1]])]                  # [k] each segment's first arrival
+    k_of = np.searchsorted(first, res.step_start, side="right") - 1               # [N] the segment of each step
+    return [float(res.step_batch[k_of == k].mean()) if (k_of == k).any() else math.nan for k in range(len(counts))]
+
+
+def short_segments(targets, ar_batch) -> list[str]:
+    """A note when AR held fewer than half the rows a segment's rate was chosen for (rates_for_batches
+    is Little's law at steady state; a short segment ends before its queue fills)."""
+    short = [f"B {b}: {m:.1f}" for b, m in zip(targets, ar_batch) if b > 1 and m < 0.5 * b]
+    return [f"the sweep held fewer rows under AR than its target batch sizes ({', '.join(short)} on average): "
+            "its segments end before the batch fills; --segment-seconds or more --requests-per-rate hold each "
+            "load longer"] if short else []
 
 
 def run_serve_eval_command(cfg: ServeEvalConfig) -> int:
@@ -230,6 +250,7 @@ def run_serve_eval_command(cfg: ServeEvalConfig) -> int:
         print(f"{'method':<34} " + " ".join(f"{r:>7.2f}/s" for r in load["rates"]))
         for r in rep["rows"]:
             print(f"{r['name']:<34} " + " ".join(f"{1e3 * x:>9.2f}" for x in r["tpot_by_rate_s"]))
+        print(f"{'mean B under AR':<34} " + " ".join(f"{x:>9.2f}" for x in rep["rows"][0]["mean_batch_by_rate"]))
     print(f"goodput: tokens/s of requests with TPOT <= {1e3 * rep['tpot_target_s']:.2f} ms; schedule: "
           + ", ".join(f"{r['batch'][0]}-{r['batch'][1]} {r['shape']}" for r in rep["schedule"]))
     for n in rep["notes"]:

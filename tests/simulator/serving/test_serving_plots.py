@@ -222,6 +222,25 @@ def test_segment_seconds_spends_equal_time_at_each_rate(root, tmp_path, capsys):
         arr.segment_counts([1.0], seconds=0)
 
 
+def test_mean_batch_by_segment_and_the_short_segment_note(root):
+    """Each segment's mean batch counts the steps that start from its first arrival to the next
+    segment's; a sweep whose AR batch stays under half a segment's target B says so in one note."""
+    from types import SimpleNamespace
+
+    from simulator.serve_eval import batch_by_segment, short_segments
+
+    res = SimpleNamespace(step_start=np.array([0.0, 0.5, 1.0, 2.0, 2.5, 9.0]), step_batch=np.array([1, 1, 2, 4, 6, 8]))
+    assert batch_by_segment(res, [0.0, 0.4, 2.0, 2.2, 2.4], [2, 3]) == [pytest.approx(4 / 3), 6.0]
+    assert short_segments([1, 4, 64], [0.3, 2.5, 14.8]) == [
+        "the sweep held fewer rows under AR than its target batch sizes (B 64: 14.8 on average): its segments end "
+        "before the batch fills; --segment-seconds or more --requests-per-rate hold each load longer"]
+    assert short_segments([1, 8], [1.0, 4.0]) == []
+    rep = serve_eval(ServeEvalConfig(logs=str(root), split="all", tune_split="all", batch_sizes="1,4", shapes="chain",
+                                     target_batches="1,8", requests_per_rate=2, seed=0, oracle=False))
+    ar = rep["rows"][0]["mean_batch_by_rate"]
+    assert len(ar) == 2 and ar[1] < 4 and any("target batch sizes (B 8: " in n for n in rep["notes"])
+
+
 def test_write_trace_refuses_a_trace(root, tmp_path, capsys):
     f, g = tmp_path / "in.txt", tmp_path / "out.txt"
     f.write_text("0.5\n1.0\n")
