@@ -161,20 +161,19 @@ def _best(row: dict) -> int:
 
 
 def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_batch: int | None = None,
-         split: str | None = None, parts: list[dict] | None = None, refine: bool = True, measure=None) -> dict:
+         split: str | None = None, refine: bool = True, measure=None) -> dict:
     """Closed-batch tokens/s of every shape at every B -> {"schedule", "batch_sizes", "refined",
     "shapes" [A], "tokens_per_s" [n, A], "tau" [n, A], "drafts_per_step" [n, A], "sequences"}.
     measure(bs) -> the parts' `tune_part` sums at batch sizes bs, pooled (module docstring; default
-    one part, `logs` itself); parts: those of batch_sizes, already measured (then refining needs
-    `measure`). refine: bisect between neighbours whose best shapes differ; the B's it added are
-    "refined" (n counts them too)."""
+    one part, `logs` itself; --ray: one per chunk). refine: bisect between neighbours whose best
+    shapes differ; the B's it added are "refined" (n counts them too)."""
     shapes = [S.canonical(s) for s in shapes]
-    if measure is None and parts is None:
+    if measure is None:
         measure = lambda b: [tune_part(logs, latency, b, shapes, requests_per_slot)]
     bs = sorted({int(b) for b in batch_sizes})
-    parts = parts if parts is not None else measure(bs)
+    parts = measure(bs)
     rows, n_seq = _pool(parts, bs), sum(p["sequences"] for p in parts)
-    while refine and measure is not None:
+    while refine:
         known = sorted(rows)
         mids = [(a + b) // 2 for a, b in zip(known, known[1:]) if b - a > 1 and _best(rows[a]) != _best(rows[b])]
         if not mids:
@@ -183,7 +182,7 @@ def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_bat
     bs_all = sorted(rows)
     tot = {k: np.stack([rows[B][k] for B in bs_all]) for k in SUMS}                    # [n, A] each
     tps = M.tokens_per_s(tot["tokens"], tot["time"])                                  # [n, A]
-    best = [shapes[int(np.argmax(row))] for row in tps]
+    best = [shapes[_best(rows[B])] for B in bs_all]
     refined = [B for B in bs_all if B not in bs]
     tuning = {"batch_sizes": bs_all, "shapes": [S.label(s) for s in shapes], "tokens_per_s": tps.round(6).tolist()}
     meta = {"split": split, "model": logs.model, "dtype": logs.dtype, "latency_profile": latency.meta.get("profile_id"),
@@ -324,13 +323,7 @@ def run_tune_command(cfg: TuneConfig) -> int:
     if logs.n_sequences == 0:
         raise DataError(f"no sequences in split {cfg.split!r}")
     cands, note = profiled_candidates(logs, lat, cfg.shapes)
-    chunks: list[int] = []                 # --ray: how many chunks each measurement pooled (the same each time)
-
-    def on_ray(b):
-        got = tune_chunks_on_ray(cfg, lat, b, cands)
-        chunks.append(len(got))
-        return got
-    measure = on_ray if cfg.ray else None
+    measure = (lambda b: tune_chunks_on_ray(cfg, lat, b, cands)) if cfg.ray else None
     res = tune(logs, lat, bs, cands, cfg.requests_per_slot, cfg.max_batch, cfg.split, refine=cfg.refine, measure=measure)
     sched = res["schedule"]
     out = sched.save(cfg.out)
@@ -343,7 +336,7 @@ def run_tune_command(cfg: TuneConfig) -> int:
                           "out": str(out),
                           "table": str(table), "plot": cfg.plot, "note": note, "what_if": lat.meta.get("what_if")}))
         return 0
-    chunks = f" in {chunks[0]} Ray chunks" if chunks else ""
+    chunks = f" in {sched.meta['chunks']} Ray chunks" if cfg.ray else ""
     print(f"tuned on {res['sequences']} {cfg.split} sequences{chunks}, {len(res['shapes'])} shapes, latency "
           f"{lat.meta.get('profile_id')} ({lat.meta.get('device')})" + (" [what-if]" if lat.meta.get("what_if") else ""))
     print(f"{'B':>5}  {'best shape':<16} {'tokens/s':>10} {'x AR':>6} {'x 2nd':>6}  second")

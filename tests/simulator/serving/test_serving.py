@@ -218,12 +218,13 @@ def test_tune_on_chunks_pools_their_closed_batches(tmp_path):
     shapes, bs = S.candidates(logs, "all"), [1, 4]
     whole = tune(logs, lat, bs, shapes, refine=False)
     src = LogSource(d, split="all", widths="all", progress=False)
-    one = [tune_part(c, lat, bs, shapes) for c in src.chunks(src.n_positions, scores=False)]
-    assert len(one) == 1
-    assert np.array_equal(tune(logs, lat, bs, shapes, parts=one)["tokens_per_s"], whole["tokens_per_s"])
-    parts = [tune_part(c, lat, bs, shapes) for c in src.chunks(max(1, src.n_positions // 3), scores=False)]
+    chunked = lambda size: (lambda b: [tune_part(c, lat, b, shapes) for c in src.chunks(size, scores=False)])
+    assert len(chunked(src.n_positions)(bs)) == 1
+    assert np.array_equal(tune(logs, lat, bs, shapes, refine=False, measure=chunked(src.n_positions))["tokens_per_s"],
+                          whole["tokens_per_s"])
+    parts = chunked(max(1, src.n_positions // 3))(bs)
     assert len(parts) >= 3 and sum(p["sequences"] for p in parts) == logs.n_sequences
-    pooled = tune(logs, lat, bs, shapes, parts=parts)
+    pooled = tune(logs, lat, bs, shapes, refine=False, measure=chunked(max(1, src.n_positions // 3)))
     own = np.stack([p["tokens"] / p["time"] for p in parts])                                # [chunks, n, A]
     assert np.all(own.min(0) - 1e-9 <= pooled["tokens_per_s"]) and np.all(pooled["tokens_per_s"] <= own.max(0) + 1e-9)
     assert np.allclose(pooled["tau"][:, shapes.index(S.OFF)], 1.0) and pooled["sequences"] == logs.n_sequences
