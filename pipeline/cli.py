@@ -1,5 +1,5 @@
 """`draftgym` subcommands that live in pipeline/: generate, datasets, train-draft, head-report, collect,
-profile, query, compact-logs.
+head-convert, profile, query, compact-logs.
 
 The one home of these commands' flags. Each command is a documented Config dataclass plus a
 `run_<command>_command(cfg)` in its library module; here each subparser declares the flags (dest =
@@ -17,8 +17,8 @@ from pipeline.cliargs import (COUNT, DTYPES, NON_NEGATIVE, NON_NEGATIVE_FLOAT, P
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    for add in (add_generate, add_datasets, add_train_draft, add_head_report, add_collect, add_profile, add_query,
-                add_compact_logs):
+    for add in (add_generate, add_datasets, add_train_draft, add_head_report, add_head_convert, add_collect,
+                add_profile, add_query, add_compact_logs):
         add(sub)
 
 
@@ -167,6 +167,16 @@ def _head_report_config(args):
     from pipeline.train_head.lineage import HeadReportConfig
 
     return config_from_args(HeadReportConfig, args)
+
+
+def add_head_convert(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("head-convert", help="rewrite a head's config.json so vLLM, SGLang and DraftGym read it as "
+                                            "it was trained (norm_output in the engines' meaning; weights untouched)")
+    p.add_argument("head", help="a head directory")
+    p.add_argument("--dry-run", action="store_true", help="print the new config.json; write nothing")
+    set_command(p, lambda args: config_from_args(__import__("pipeline.models.head", fromlist=["x"]).HeadConvertConfig,
+                                                 args),
+                "pipeline.models.head:run_head_convert_command", "pipeline.models.head:HeadConvertConfig")
 
 
 # ------------------------------------------------------------------------------------ collect, profile, query

@@ -4,8 +4,9 @@ Formats read (`load_head`): a directory (or a hub id, fetched once) with `config
 `model.safetensors` or `pytorch_model.bin`, as written by SafeAILab/EAGLE (architectures
 `LlamaForCausalLM`), SpecForge and SGLang (`LlamaForCausalLMEagle3`) or vLLM (`Eagle3LlamaForCausalLM`).
 - config: the Llama fields of `Eagle3Config`, `draft_vocab_size`, optional `target_hidden_size`,
-  `rope_theta`, `rope_scaling` (or transformers 5's `rope_parameters`; linear, dynamic, llama3, yarn) and
-  SpecForge's `fc_norm` / `norm_output`.
+  `rope_theta`, `rope_scaling` (or transformers 5's `rope_parameters`; linear, dynamic, llama3, yarn),
+  `fc_norm`, `norm_output` (the engines' meaning: head_model.py) and DraftGym's `lm_head_norm`; a DraftGym
+  head written before `draftgym_head_format` 2 is read in its old meaning, with one line on stderr.
 - weights: `fc.weight`, `midlayer.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, hidden_norm,
   input_layernorm, post_attention_layernorm}.weight`, `norm.weight`, `lm_head.weight`, optional `d2t`,
   `t2d`, `embed_tokens.weight` and (with fc_norm) `fc_norm.{0,1,2}.weight`; a `model.` prefix and
@@ -15,13 +16,15 @@ Formats read (`load_head`): a directory (or a hub id, fetched once) with `config
   target stays fp16 (no mantissa bits lost); `dtype=` overrides.
 
 Format written (`save_head`): `config.json` with architectures `LlamaForCausalLMEagle3` (SpecForge refuses
-`LlamaForCausalLM`) and every config field above, and `model.safetensors` with the official key names,
+`LlamaForCausalLM`), every config field above and `draftgym_head_format: 2`, and `model.safetensors` with the official key names,
 always with `d2t` and `t2d` (SGLang reads them; identity mapping = zeros / all True), and with
 `embed_tokens` only when the head has its own.
 """
 from __future__ import annotations
 
 import json
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,7 +34,7 @@ from pipeline.errors import DraftGymError, HeadMismatchError, first_line
 from pipeline.runtime.atomic import atomic_write, atomic_write_text
 from pipeline.runtime.fingerprint import dtype_name
 from pipeline.models.head_model import (  # noqa: F401  (re-exported: callers import these from pipeline.models.head)
-    ACCEPTED_ARCHITECTURES, ROPE_TYPES, WRITTEN_ARCHITECTURE, Eagle3Attention, Eagle3Config, Eagle3Head, Eagle3Layer,
+    HEAD_FORMAT, HEAD_FORMAT_KEY, ACCEPTED_ARCHITECTURES, ROPE_TYPES, WRITTEN_ARCHITECTURE, Eagle3Attention, Eagle3Config, Eagle3Head, Eagle3Layer,
     RMSNorm, Rope, apply_rope, causal_mask, rope_cos_sin, target_layer_ids)
 
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "data" / "heads" / "smollm2-135m"
@@ -118,6 +121,12 @@ def check_head_fits(cfg: Eagle3Config, target_model, has_embed: bool, fc_shape: 
 
 # -- reading -----------------------------------------------------------------------------------
 
+def is_legacy_draftgym_head(d: Path, raw: dict) -> bool:
+    """A head DraftGym trained (it has DraftGym's manifest.json) before `norm_output` took the engines'
+    meaning (its config.json has no HEAD_FORMAT_KEY)."""
+    return (d / "manifest.json").is_file() and HEAD_FORMAT_KEY not in raw
+
+
 def _read_config(d: Path) -> Eagle3Config:
     cfg_path = d / "config.json"
     if not cfg_path.is_file():
@@ -126,7 +135,17 @@ def _read_config(d: Path) -> Eagle3Config:
         raw = json.loads(cfg_path.read_text())
         if not isinstance(raw, dict):
             raise TypeError("not a JSON object")
-        return Eagle3Config.from_json(raw)
+        legacy = is_legacy_draftgym_head(d, raw)
+        cfg = Eagle3Config.from_json(raw, legacy=legacy)
+        if legacy:
+            print(f"draftgym: note: head {d} was written by DraftGym before {HEAD_FORMAT_KEY} {HEAD_FORMAT}: "
+                  f"its norm_output: {str(raw.get('norm_output', True)).lower()} is read as lm_head_norm "
+                  f"(EAGLE-3 recurrence); `draftgym head-convert {d}` rewrites it for vLLM and SGLang",
+                  file=sys.stderr)
+        elif raw.get("norm_output") is True:
+            print(f"draftgym: note: head {d} has norm_output: true, read as EAGLE-3.1 (the next draft step reads "
+                  f"the post-norm state), as vLLM, SGLang and SpecForge since its PR #879 read it", file=sys.stderr)
+        return cfg
     except (json.JSONDecodeError, TypeError, ValueError) as e:
         raise DraftGymError(f"corrupt head config {cfg_path}: {first_line(e)}") from e
     except DraftGymError as e:  # an unusable field: say which file
@@ -268,3 +287,42 @@ def save_head(head: Eagle3Head, out_dir: str | Path, extra_config: dict | None =
 def num_params(module: nn.Module, trainable_only: bool = True) -> int:
     return sum(p.numel() for n, p in module.named_parameters() if (p.requires_grad or not trainable_only)
                and not n.startswith("embed_tokens"))
+
+
+# -- head-convert -------------------------------------------------------------------------------
+
+@dataclass
+class HeadConvertConfig:
+    """`draftgym head-convert HEAD`: rewrite a head's config.json so every engine reads it as it was trained."""
+    head: str = ""                        # a head directory (required)
+    dry_run: bool = False                 # print the new config.json; write nothing
+
+
+def converted_config(d: Path) -> tuple[dict, dict]:
+    """(config.json as it is, as `save_head` would write it now). The weights are not read or touched."""
+    raw = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else None
+    if not isinstance(raw, dict):
+        raise DraftGymError(f"head directory {d} has no readable config.json")
+    cfg = _read_config(d)
+    new = {k: v for k, v in raw.items() if k not in ("norm_output", "lm_head_norm")} | cfg.to_json()
+    return raw, new | {"torch_dtype": raw.get("torch_dtype", cfg.torch_dtype)}
+
+
+def run_head_convert_command(cfg: HeadConvertConfig) -> int:
+    d = resolve_head_dir(cfg.head)
+    if not d.is_dir():
+        raise DraftGymError(f"head directory not found: {cfg.head}")
+    old, new = converted_config(d)
+    if not new.get("lm_head_norm", True):
+        print(f"draftgym: note: {d}: lm_head reads the un-normed state (lm_head_norm: false); no engine "
+              f"(vLLM, SGLang) can run this head as trained, only DraftGym", file=sys.stderr)
+    if cfg.dry_run:
+        print(json.dumps(new, indent=2))
+        return 0
+    if old == new:
+        print(f"{d}/config.json is already {HEAD_FORMAT_KEY} {HEAD_FORMAT}; nothing to do")
+        return 0
+    atomic_write_text(d / "config.json", json.dumps(new, indent=2) + "\n")
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    print(f"rewrote {d}/config.json ({', '.join(changed)}); weights unchanged")
+    return 0

@@ -8,17 +8,23 @@ Architecture (SafeAILab/EAGLE `cnets.py`, paraphrased; SpecForge's optional norm
                  hidden_norm(g_t))                       #           then the hidden state
     g'  = g_t + o_proj(attn(q/k/v_proj(x)))              # residual is the incoming hidden g_t
     g'' = g' + mlp(post_attention_layernorm(g'))         # SwiGLU
-    logits = lm_head(norm(g''))                          # [norm_output = false: lm_head(g'')]
+    logits = lm_head(norm(g''))                          # [lm_head_norm = false: lm_head(g'')]
+    s   = g''                                            # [norm_output = true: s = norm(g''), EAGLE-3.1]
 
 `g_t` is `f_t` for positions whose target features are known (the accepted prefix), and the head's
-own previous output `g''` (before `norm`, whatever norm_output says) when it drafts deeper tree
-levels. Hidden state t pairs with token t+1. Draft token i maps to target id `i + d2t[i]`.
+own previous state `s` when it drafts deeper tree levels: g'' before `norm` in EAGLE-3, norm(g'') in
+EAGLE-3.1. Hidden state t pairs with token t+1. Draft token i maps to target id `i + d2t[i]`.
+`forward` returns s; `logits_of(s)` applies `norm` only where s is not normed already.
 
-SpecForge's flags (read in sgl-project/SpecForge `specforge/modeling/draft/llama3_eagle.py`,
-class LlamaForCausalLMEagle3, and `configs/qwen3-30B-A3B-eagle3.1.json`, "Eagle3.1"):
+The optional flags, with the meaning every engine gives them (docs/head.md, "What the config keys
+mean", has the sources read and the history):
 - `fc_norm` (default false): three RMSNorms of width target_hidden_size (keys `fc_norm.{0,1,2}.weight`),
   one per fused target layer, applied to each third of the concatenated features before `fc`.
-- `norm_output` (default true): when false, `lm_head` reads g'' directly (`norm.weight` is still saved).
+- `norm_output` (default false): the next draft step reads norm(g''), the state lm_head reads
+  (EAGLE-3.1); false, the EAGLE-3 reference: it reads g''. vLLM, SGLang, TensorRT-LLM and SpecForge
+  (since its PR #879) read the key so.
+- `lm_head_norm` (DraftGym's key, default true): false only for heads trained by SpecForge before PR #879
+  with `norm_output: false`, whose lm_head reads g'' (no engine runs such a head as trained).
 
 RoPE: base `rope_theta` (10000 when absent, as EAGLE); an optional `rope_scaling` / `rope_parameters`
 (linear, dynamic, llama3, yarn) exactly as transformers' `ROPE_INIT_FUNCTIONS` define inv_freq and the
@@ -41,6 +47,10 @@ WRITTEN_ARCHITECTURE = "LlamaForCausalLMEagle3"     # SpecForge and SGLang; Spec
 ACCEPTED_ARCHITECTURES = (WRITTEN_ARCHITECTURE, "LlamaForCausalLM",   # SafeAILab/EAGLE's releases
                           "Eagle3LlamaForCausalLM")                     # vLLM's name for the same head
 ROPE_TYPES = ("linear", "dynamic", "llama3", "yarn")                    # plus "default" (= no scaling)
+# config.json key of the heads DraftGym writes: 2 = `norm_output` in the engines' meaning (module docstring).
+# A DraftGym head without it (written before 2026-11-28) used `norm_output: true` for EAGLE-3 and false
+# for lm_head_norm: false; `Eagle3Config.from_json(legacy=True)` reads it so.
+HEAD_FORMAT_KEY, HEAD_FORMAT = "draftgym_head_format", 2
 
 
 def target_layer_ids(num_layers: int) -> tuple[int, int, int]:
@@ -85,17 +95,21 @@ class Eagle3Config:
     rope_scaling: dict | None = None      # normalised: {"rope_type": linear|dynamic|llama3|yarn, ...}
     head_dim: int | None = None
     target_hidden_size: int | None = None  # set when the head is narrower/wider than the target
-    fc_norm: bool = False                 # SpecForge: RMSNorm each fused target layer before fc
-    norm_output: bool = True              # SpecForge: false = lm_head reads the hidden before `norm`
+    fc_norm: bool = False                 # RMSNorm each fused target layer before fc (EAGLE-3.1)
+    norm_output: bool = False             # the next draft step reads norm(g'') (EAGLE-3.1); false: g'' (EAGLE-3)
+    lm_head_norm: bool = True             # false: lm_head reads g'' (SpecForge before PR #879, norm_output: false)
     torch_dtype: str = "float32"
     num_hidden_layers: int = 1
     architectures: list = field(default_factory=lambda: [WRITTEN_ARCHITECTURE])  # as read; save writes ours
 
     def __post_init__(self):
         self.rope_scaling = normalise_rope_scaling(self.rope_scaling)
-        for k in ("fc_norm", "norm_output"):
+        for k in ("fc_norm", "norm_output", "lm_head_norm"):
             if not isinstance(getattr(self, k), bool):
                 raise DraftGymError(f"head config {k} must be true or false, got {getattr(self, k)!r}")
+        if self.norm_output and not self.lm_head_norm:
+            raise DraftGymError("head config norm_output: true (the next step reads norm(g'')) contradicts "
+                                "lm_head_norm: false (lm_head reads g'' un-normed)")
 
     @property
     def dim_head(self) -> int:
@@ -106,8 +120,13 @@ class Eagle3Config:
         return 3 * (self.target_hidden_size or self.hidden_size)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Eagle3Config":
+    def from_json(cls, d: dict, legacy: bool = False) -> "Eagle3Config":
+        """A config.json object -> Eagle3Config. legacy: a DraftGym head written before HEAD_FORMAT 2, whose
+        `norm_output` (default true) said whether lm_head reads norm(g''); its next step always read g''."""
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d and d[k] is not None}
+        if legacy:
+            known.pop("lm_head_norm", None)
+            known["lm_head_norm"] = known.pop("norm_output", True)
         archs = known.get("architectures")
         archs = [archs] if isinstance(archs, str) else archs
         if archs and not any(a in ACCEPTED_ARCHITECTURES for a in archs):
@@ -130,6 +149,9 @@ class Eagle3Config:
         for k in ("head_dim", "target_hidden_size", "rope_scaling"):
             if d[k] is None:
                 del d[k]
+        if d["lm_head_norm"]:
+            del d["lm_head_norm"]        # the default every engine assumes; written only when false
+        d[HEAD_FORMAT_KEY] = HEAD_FORMAT
         d["architectures"] = [WRITTEN_ARCHITECTURE]
         d["model_type"] = "llama"
         d["hidden_act"] = "silu"
@@ -380,7 +402,8 @@ class Eagle3Head(nn.Module):
         input_ids: [B, q] target token ids (tok_{t+1}); hidden: [B, q, H] (fused f_t or the head's
         own previous output); position_ids: [q] or [B, q]; past_kv: ([B, nkv, S, d], [B, nkv, S, d]);
         attn_mask: additive [q, S+q] (or broadcastable), default causal.
-        Returns (g: [B, q, H] before norm, logits: [B, q, draft_vocab] (None with logits=False),
+        Returns (s: [B, q, H], the state the next draft step reads (module docstring),
+        logits: [B, q, draft_vocab] (None with logits=False),
         new_kv for the q entries).
         """
         if self.embed_tokens.weight is None:
@@ -392,9 +415,11 @@ class Eagle3Head(nn.Module):
         if position_ids.dim() == 2:  # per-row positions [B, q] -> [B, 1, q, d] (broadcast over heads)
             cos, sin = (t.view(*position_ids.shape, -1)[:, None] for t in (cos, sin))
         g, new_kv = self.midlayer(emb, hidden, cos, sin, past_kv, attn_mask)
-        return g, (self.logits_of(g) if logits else None), new_kv
+        s = self.norm(g) if self.cfg.norm_output else g        # the state the next draft step reads
+        return s, (self.logits_of(s) if logits else None), new_kv
 
-    def logits_of(self, g: torch.Tensor) -> torch.Tensor:
-        """The head's output rows g [..., H] -> draft logits [..., draft_vocab] (the trainer runs
-        this on the rows that have a label only)."""
-        return self.lm_head(self.norm(g) if self.cfg.norm_output else g)
+    def logits_of(self, s: torch.Tensor) -> torch.Tensor:
+        """The head's output states s [..., H] (as `forward` returns them) -> draft logits [..., draft_vocab]
+        (the trainer runs this on the rows that have a label only)."""
+        normed = self.cfg.norm_output or not self.cfg.lm_head_norm   # s is already what lm_head reads
+        return self.lm_head(s if normed else self.norm(s))

@@ -23,6 +23,7 @@ import torch
 from pipeline.models.attention import use_grouped_attention
 from pipeline.runtime.attention_backends import choose_attention
 from pipeline.errors import DraftGymError, first_line
+from pipeline.runtime.atomic import atomic_write_text
 from pipeline.runtime.cache import cache_dir
 
 EMBEDDED_DEFAULT = "smollm2-135m"
@@ -167,6 +168,7 @@ def _materialise_smollm2() -> Path:
     """Dequantise the GGUF once into a safetensors model directory; return that directory."""
     out = cache_dir() / "models" / EMBEDDED_DEFAULT
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
+        _name_architecture(out)
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -180,6 +182,7 @@ def _materialise_smollm2() -> Path:
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
     cfg["_name_or_path"] = EMBEDDED_DEFAULT
+    cfg["architectures"] = [type(model).__name__]   # the GGUF loader leaves it null; vLLM needs it
     sd = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     if cfg.get("tie_word_embeddings"):
         sd.pop("lm_head.weight", None)
@@ -199,6 +202,15 @@ def _materialise_smollm2() -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _name_architecture(out: Path) -> None:
+    """A cache written before the config named its architecture (the GGUF loader leaves `architectures`
+    null, and vLLM refuses such a model directory): name it, LlamaForCausalLM, in place."""
+    cfg = json.loads((out / "config.json").read_text())
+    if not cfg.get("architectures"):
+        cfg["architectures"] = ["LlamaForCausalLM"]
+        atomic_write_text(out / "config.json", json.dumps(cfg, indent=2))
 
 
 def load_target(name_or_path: str = EMBEDDED_DEFAULT, device: str | torch.device | None = None,

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from pipeline.decode.controller import StaticController
 from pipeline.decode.engine import Engine
 from pipeline.errors import DraftGymError, HeadMismatchError
-from pipeline.models.head import (Eagle3Config, Eagle3Head, load_head, random_head, rope_cos_sin, save_head,
+from pipeline.models.head import (DEFAULT_HEAD_DIR, Eagle3Config, Eagle3Head, load_head, random_head, rope_cos_sin, save_head,
                            target_layer_ids)
 from pipeline.models.head_model import Rope
 
@@ -89,8 +89,8 @@ def test_rope_scaling_changes_the_logits(tiny_llama):
 
 # -- round trips -----------------------------------------------------------------------------------
 
-VARIANTS = {"plain": {}, "fc_norm": {"fc_norm": True}, "no_norm_output": {"norm_output": False},
-            "both_flags": {"fc_norm": True, "norm_output": False}, "theta": {"rope_theta": 500000.0},
+VARIANTS = {"plain": {}, "fc_norm": {"fc_norm": True}, "norm_output": {"norm_output": True},
+            "lm_head_raw": {"lm_head_norm": False}, "both_flags": {"fc_norm": True, "norm_output": True}, "theta": {"rope_theta": 500000.0},
             **{k: {"rope_scaling": v} for k, v in SCALINGS.items()}}
 
 
@@ -102,6 +102,7 @@ def test_save_load_roundtrip(tmp_path, tiny_llama, name, draft_vocab):
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["fc_norm"] == head.cfg.fc_norm and cfg["norm_output"] == head.cfg.norm_output
+    assert cfg.get("lm_head_norm", True) == head.cfg.lm_head_norm and cfg["draftgym_head_format"] == 2
     assert cfg.get("rope_scaling") == head.cfg.rope_scaling and cfg["torch_dtype"] == "float32"
     sd = load_file(str(tmp_path / "model.safetensors"))
     assert "embed_tokens.weight" not in sd
@@ -167,12 +168,69 @@ def test_specforge_config_loads(tmp_path, tiny_llama, kind):
                       for j, i in enumerate(head.layer_ids)], -1) @ head.fc.weight.T
     torch.testing.assert_close(head.fuse(hs), want)
     g, logits, _ = head(torch.tensor([[6, 7]]), head.fuse(hs)[:, :2], torch.arange(2))
-    lm_in = head.norm(g) if head.cfg.norm_output else g    # norm_output = false: lm_head reads g directly
+    lm_in = g if head.cfg.norm_output else head.norm(g)    # norm_output = true: forward returns norm(g'') already
     torch.testing.assert_close(logits, lm_in @ head.lm_head.weight.T)
     if kind == "llama3":
         eng = Engine(tiny_llama, head)
         assert eng.generate([1, 2, 3], 16, controller=StaticController(4, 3, 12)).output_ids == \
             eng.generate_ar([1, 2, 3], 16).output_ids
+
+
+def midlayer_out(head, tiny_llama):
+    """g'' of a 2-token draft forward, computed outside `forward`, and the forward's (state, logits)."""
+    hs = tiny_llama(torch.tensor([[5, 6, 7]]), output_hidden_states=True).hidden_states
+    f, ids, pos = head.fuse(hs)[:, :2], torch.tensor([[6, 7]]), torch.arange(2)
+    cos, sin = head.rope.cos_sin(pos, f.dtype)
+    g, _ = head.midlayer(head.embed_tokens(ids), f, cos, sin, None, None)
+    s, logits, _ = head(ids, f, pos)
+    return g, s, logits
+
+
+@pytest.mark.parametrize("norm_output", [False, True])
+def test_norm_output_means_what_the_engines_mean(tiny_llama, norm_output):
+    """vLLM 0.32 (llama_eagle3.py), SGLang and SpecForge since PR #879: lm_head always reads norm(g''); norm_output
+    says whether the next draft step reads norm(g'') (EAGLE-3.1) or g'' (EAGLE-3)."""
+    head = perturbed(random_head(tiny_llama, draft_vocab_size=24, seed=5, norm_output=norm_output))
+    g, s, logits = midlayer_out(head, tiny_llama)
+    torch.testing.assert_close(s, head.norm(g) if norm_output else g)
+    torch.testing.assert_close(logits, head.norm(g) @ head.lm_head.weight.T)
+    raw = perturbed(random_head(tiny_llama, draft_vocab_size=24, seed=5, lm_head_norm=False))
+    g, s, logits = midlayer_out(raw, tiny_llama)
+    torch.testing.assert_close(s, g)
+    torch.testing.assert_close(logits, g @ raw.lm_head.weight.T)
+
+
+@pytest.mark.parametrize("old_flag", [True, False])
+def test_legacy_draftgym_head_reads_as_trained_and_converts(tmp_path, tiny_llama, capsys, old_flag):
+    """A DraftGym head from before draftgym_head_format 2 (a manifest.json, no format key): its norm_output meant
+    lm_head_norm. It loads as trained, says so in one line, and head-convert rewrites config.json only."""
+    from pipeline.models.head import HeadConvertConfig, run_head_convert_command
+
+    head = perturbed(random_head(tiny_llama, draft_vocab_size=24, seed=6, lm_head_norm=old_flag))
+    save_head(head, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.pop("draftgym_head_format"), cfg.pop("lm_head_norm", None)
+    cfg["norm_output"] = old_flag
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "manifest.json").write_text("{}")
+    weights = (tmp_path / "model.safetensors").read_bytes()
+    old = load_head(str(tmp_path), tiny_llama)
+    assert "before draftgym_head_format 2" in capsys.readouterr().err
+    assert old.cfg.lm_head_norm == old_flag and not old.cfg.norm_output
+    assert torch.equal(head_logits(old, tiny_llama), head_logits(head, tiny_llama))
+    assert run_head_convert_command(HeadConvertConfig(head=str(tmp_path))) == 0
+    assert "rewrote" in capsys.readouterr().out
+    new = json.loads((tmp_path / "config.json").read_text())
+    assert new["draftgym_head_format"] == 2 and new["norm_output"] is False
+    assert new.get("lm_head_norm", True) == old_flag and (tmp_path / "model.safetensors").read_bytes() == weights
+    again = load_head(str(tmp_path), tiny_llama)
+    assert "before draftgym_head_format" not in capsys.readouterr().err
+    assert torch.equal(head_logits(again, tiny_llama), head_logits(head, tiny_llama))
+
+
+def test_shipped_head_is_written_for_the_engines():
+    cfg = json.loads((DEFAULT_HEAD_DIR / "config.json").read_text())
+    assert cfg["draftgym_head_format"] == 2 and cfg["norm_output"] is False and "lm_head_norm" not in cfg
 
 
 def test_rope_parameters_spelling(tmp_path, tiny_llama):
