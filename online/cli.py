@@ -1,5 +1,5 @@
 """The `draftgym` command line: one parser, the subcommands of each layer (pipeline/cli.py,
-simulator/cli.py, and online's own here: validate, profile-policy).
+simulator/cli.py, and online's own here: validate, profile-policy, vllm-run).
 
 Imports flow online -> simulator -> pipeline, so the top-level parser lives here. Each subcommand
 names a function that builds its Config from the parsed options and the `run_<command>_command(cfg)`
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulator_cli.register(sub)
     add_validate(sub)
     add_profile_policy(sub)
+    add_vllm_run(sub)
     for sp in sub.choices.values():           # every option's default (or "required") in --help, the Config's
         sp.formatter_class = functools.partial(DefaultsHelpFormatter, config=sp.get_default("config"))
     return parser
@@ -158,6 +159,44 @@ def _profile_policy_config(args):
     from online.policy_cost import ProfilePolicyConfig
 
     return config_from_args(ProfilePolicyConfig, args)
+
+
+def add_vllm_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("vllm-run", help="run prompts through the real vLLM engine (make vllm) with a head and a "
+                                        "speculation config: tokens/s, TPOT, acceptance, lossless, its step costs")
+    add_model_head(p)
+    p.add_argument("--dataset", help="a built-in prompt set or a prompts file")
+    add_split(p)
+    p.add_argument("--n-prompts", type=COUNT, help="first N prompts of the split")
+    p.add_argument("--max-new-tokens", type=COUNT, help="tokens generated per prompt")
+    p.add_argument("--k", help="static configs, comma-separated: 0 = no speculation (always run, the lossless "
+                               "reference), K > 0 = EAGLE-3 with K draft tokens")
+    p.add_argument("--schedule", dest="schedules", metavar="FILE", action="append",
+                   help="a `draftgym export --format vllm` speculative_config or a `draftgym tune` schedule (repeatable)")
+    p.add_argument("--batch-sizes", help="closed batches: B requests in flight, refilled")
+    p.add_argument("--rates", help="Poisson load runs, requests/s, comma-separated")
+    p.add_argument("--trace", help="a load run from a file of arrival times (s)")
+    p.add_argument("--load-requests", type=COUNT, help="requests per Poisson run (the prompts, cycled)")
+    p.add_argument("--max-batch", type=COUNT, help="vLLM's max_num_seqs: the most requests in the engine at once")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: DraftGym's CPU default)")
+    p.add_argument("--seed", type=NON_NEGATIVE, help="vLLM's seed and the arrivals'")
+    p.add_argument("--no-check-ar", dest="check_ar", action="store_false", default=None,
+                   help="skip the fp32 check of vLLM's outputs against DraftGym's own AR")
+    p.add_argument("--compare-logs", help="logs root (collected with --widths 1): each chain's replayed acceptance "
+                                          "beside vLLM's")
+    p.add_argument("--out", help="report folder")
+    p.add_argument("--timeout-s", type=COUNT, help="per engine")
+    add_json(p, "print the report's summary as one JSON object")
+    set_command(p, _vllm_run_config, "online.vllm.run:run_vllm_run_command", "online.vllm.run:VllmRunConfig")
+
+
+def _vllm_run_config(args):
+    from online.vllm.run import VllmRunConfig
+
+    return config_from_args(VllmRunConfig, args, k=given(args.k, lambda s: parse_positive_ints(s, "--k", 0)),
+                            batch_sizes=given(args.batch_sizes, lambda s: parse_positive_ints(s, "--batch-sizes")),
+                            rates=given(args.rates, lambda s: tuple(float(x) for x in comma_list(s))),
+                            schedules=given(args.schedules, tuple))
 
 
 if __name__ == "__main__":

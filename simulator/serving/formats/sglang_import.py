@@ -1,4 +1,9 @@
-"""`draftgym profile-import --format sglang-bench FILE`: an SGLang timing file as a latency profile.
+"""`draftgym profile-import --format sglang-bench|vllm-steps FILE`: an engine's timing file as a latency profile.
+
+vllm-steps: the `vllm_steps.jsonl` that `draftgym vllm-run` writes (online/vllm/run.py), the same fields
+as below, one row per (B, k) it ran: steps = k, topk = 1, num_draft_tokens = k + 1 (0, 0, 0 without
+speculation), acc_length = vLLM's mean acceptance length, step_time = the median of vLLM's decode steps
+with exactly B requests in flight (steps where a request joined are left out).
 
 The file: the JSONL that sgl-project/sglang's scripts/playground/bench_speculative.py appends, one
 object per (batch_size, steps, topk, num_draft_tokens) it launched a server for (read 2026-11-25,
@@ -49,6 +54,9 @@ from simulator.logs.synthetic import write_latency
 from simulator.serving import shapes as S
 from simulator.serving.replay import ShapeTable, closed_batch
 
+# format -> (engine, what its step_time is)
+FORMATS = {"sglang-bench": ("sglang", "20th percentile step time"),
+           "vllm-steps": ("vllm", "median decode step time at exactly B requests")}
 FIELDS = ("batch_size", "steps", "topk", "num_draft_tokens", "acc_length", "step_time")
 
 
@@ -58,7 +66,7 @@ class ProfileImportConfig:
     file: str = ""                        # the engine's timing file (required)
     out: str = ""                         # logs root to write latency/ into (required)
     model: str = ""                       # model_id of the logs the profile will time (required)
-    fmt: str = "sglang-bench"             # sglang-bench (the only format so far)
+    fmt: str = "sglang-bench"             # sglang-bench | vllm-steps (FORMATS)
     dtype: str = "bfloat16"               # the engine's compute dtype
     profile_id: str | None = None         # default: sglang-<file stem>
     context_len: int = 0                  # the one context level the rows are written at
@@ -120,16 +128,18 @@ def decompose(rows: list[dict]) -> tuple[dict, dict, float]:
     return dict(zip(Ws, x[:len(Ws)])), dict(zip(Vs, x[len(Ws):])), err
 
 
-def latency_rows(rows: list[dict], model: str, dtype: str, profile_id: str, source: str, context_len: int = 0):
+def latency_rows(rows: list[dict], model: str, dtype: str, profile_id: str, source: str, context_len: int = 0,
+                 fmt: str = "sglang-bench"):
     """LATENCY rows of the imported profile + {B: fit error}."""
     out, fit = [], {}
     measured = sorted({S.label(r["shape"]) for r in rows})
-    env = json.dumps({"engine": "sglang", "source": source, "statistic": "20th percentile step time",
-                      "measured_shapes": measured})
+    engine, statistic = FORMATS[fmt]
+    env = json.dumps({"engine": engine, "source": source, "statistic": statistic, "measured_shapes": measured})
+    device = f"sglang bench_speculative ({source})" if engine == "sglang" else f"vllm step times ({source})"
 
     def row(op, t, B, W=0, V=0):
-        return {"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": f"sglang bench_speculative ({source})",
-                "device_type": "sglang", "model_id": model, "head_id": "sglang", "dtype": dtype, "op": op, "width": int(W),
+        return {"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device,
+                "device_type": engine, "model_id": model, "head_id": engine, "dtype": dtype, "op": op, "width": int(W),
                 "verify_size": int(V), "context_len": int(context_len), "batch": int(B), "n": 1, "median": float(t),
                 "p10": float(t), "p90": float(t), "mean": float(t), "env_json": env}
     for B in sorted({r["batch"] for r in rows}):
@@ -157,11 +167,11 @@ def compare_tau(rows: list[dict], logs_root: str, latency) -> list[dict]:
 
 
 def run_profile_import_command(cfg: ProfileImportConfig) -> int:
-    if cfg.fmt != "sglang-bench":
-        raise DataError(f"unknown profile format {cfg.fmt!r} (sglang-bench)")
+    if cfg.fmt not in FORMATS:
+        raise DataError(f"unknown profile format {cfg.fmt!r} ({' | '.join(FORMATS)})")
     rows = read_bench(cfg.file)
-    pid = cfg.profile_id or f"sglang-{Path(cfg.file).stem}"
-    lat_rows, fit = latency_rows(rows, cfg.model, cfg.dtype, pid, Path(cfg.file).name, cfg.context_len)
+    pid = cfg.profile_id or f"{FORMATS[cfg.fmt][0]}-{Path(cfg.file).stem}"
+    lat_rows, fit = latency_rows(rows, cfg.model, cfg.dtype, pid, Path(cfg.file).name, cfg.context_len, cfg.fmt)
     path = write_latency(cfg.out, lat_rows, model=cfg.model, name=pid)
     lat = LatencyModel.from_rows(lat_rows, model=cfg.model, profile=pid)
     check = [abs(float(lat.t_step(*r["shape"], cfg.context_len, batch=r["batch"])) - r["step_time"]) / r["step_time"]
