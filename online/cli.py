@@ -173,7 +173,7 @@ def add_vllm_run(sub: argparse._SubParsersAction) -> None:
                                "reference), K > 0 = EAGLE-3 with K draft tokens")
     p.add_argument("--schedule", dest="schedules", metavar="FILE", action="append",
                    help="a `draftgym export --format vllm` speculative_config or a `draftgym tune` schedule (repeatable)")
-    p.add_argument("--batch-sizes", help="closed batches: B requests in flight, refilled")
+    p.add_argument("--batch-sizes", help="closed batches: B requests in flight, refilled ('none': load runs only)")
     p.add_argument("--rates", help="Poisson load runs, requests/s, comma-separated")
     p.add_argument("--trace", help="a load run from a file of arrival times (s)")
     p.add_argument("--load-requests", type=COUNT, help="requests per Poisson run (the prompts, cycled)")
@@ -184,6 +184,8 @@ def add_vllm_run(sub: argparse._SubParsersAction) -> None:
                    help="skip the fp32 check of vLLM's outputs against DraftGym's own AR")
     p.add_argument("--compare-logs", help="logs root (collected with --widths 1): each chain's replayed acceptance "
                                           "beside vLLM's")
+    p.add_argument("--cost-curve", help="with --compare-logs: price the replay with this vllm_steps.jsonl (an earlier "
+                                        "run's) instead of this run's own closed batches")
     p.add_argument("--out", help="report folder")
     p.add_argument("--timeout-s", type=COUNT, help="per engine")
     add_json(p, "print the report's summary as one JSON object")
@@ -194,7 +196,8 @@ def _vllm_run_config(args):
     from online.vllm.run import VllmRunConfig
 
     return config_from_args(VllmRunConfig, args, k=given(args.k, lambda s: parse_positive_ints(s, "--k", 0)),
-                            batch_sizes=given(args.batch_sizes, lambda s: parse_positive_ints(s, "--batch-sizes")),
+                            batch_sizes=given(args.batch_sizes, lambda s: () if s.strip() in ("", "none") else
+                                              parse_positive_ints(s, "--batch-sizes")),
                             rates=given(args.rates, lambda s: tuple(float(x) for x in comma_list(s))),
                             schedules=given(args.schedules, tuple))
 

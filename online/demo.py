@@ -13,6 +13,9 @@
     profile              the batched engine's step costs at B = 1, 4, 16 (small trees: what pays at B > 1)
     tune                 the best shape at each B in replay, merged into a schedule, and its headroom
     export               that schedule as vLLM's speculative_config (the best chain where a tree won)
+    vllm-run             that config in the real vLLM engine (when `make vllm` has installed it; --no-vllm
+                         skips it): against no speculation at B = 1 and 4, lossless, acceptance against the
+                         replay of the same prompts (docs/vllm.md)
 
 Each step is the `draftgym` command printed before it runs; every step resumes or overwrites, so
 running the demo twice is safe, and each step prints its own time. Sizes aim at 15 minutes on a 2-core CPU.
@@ -60,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--serving-context", type=int, default=128, help="serving steps: the context length profiled")
     ap.add_argument("--profile-interleave", type=int, default=1, help="validate: profile rounds between the generations")
     ap.add_argument("--no-ray", action="store_true", help="collect in-process instead of as a Ray job")
+    ap.add_argument("--no-vllm", action="store_true", help="skip the last step, the export run in vLLM (skipped anyway "
+                                                            "when vLLM is not installed: make vllm)")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                     help="compute dtype of every step (default: bf16 on a GPU, pipeline.models.target.default_cpu_dtype on a CPU)")
     args = ap.parse_args(argv)
@@ -74,7 +79,7 @@ def main(argv=None) -> int:
     for ds in args.datasets.split(","):
         for split, n in (("train", args.train_prompts), ("test", args.test_prompts)):
             steps.append(["collect", "--model", args.model, "--head", head, "--dataset", ds, "--split", split, "--n-prompts", str(n),
-                          "--max-new-tokens", str(args.max_new_tokens), "--out", str(logs)] + dt
+                          "--max-new-tokens", str(args.max_new_tokens), "--widths", "1,10", "--out", str(logs)] + dt
                          + (["--no-ray"] if args.no_ray else []))
     steps += [
         ["profile", "--model", args.model, "--head", head, "--verify-sizes", args.verify_sizes, "--contexts", args.contexts,
@@ -91,7 +96,7 @@ def main(argv=None) -> int:
     ]
     if args.batch_sizes != "none":
         steps += [
-            ["profile", "--model", args.model, "--head", head, "--batch-sizes", args.batch_sizes, "--verify-sizes",
+            ["profile", "--model", args.model, "--head", head, "--batch-sizes", args.batch_sizes, "--widths", "1,10", "--verify-sizes",
              args.serving_verify_sizes, "--contexts", str(args.serving_context), "--prefill-lengths", "none",
              "--repeats", "2", "--out", str(serving)] + dt,
             ["tune", "--logs", str(logs), "--latency", str(serving), "--split", "train", "--batch-sizes", args.batch_sizes,
@@ -99,11 +104,19 @@ def main(argv=None) -> int:
             ["export", "--schedule", str(schedule), "--format", "vllm", "--best-expressible",
              "--out", str(serving / "vllm_speculative_config.json")],
         ]
+        if not args.no_vllm:
+            steps.append(["vllm-run", "--model", args.model, "--head", head, "--dataset", args.datasets.split(",")[0],
+                          "--n-prompts", str(args.test_prompts), "--max-new-tokens", str(args.max_new_tokens), "--k", "0",
+                          "--schedule", str(serving / "vllm_speculative_config.json"), "--batch-sizes", "1,4",
+                          "--compare-logs", str(logs), "--out", str(out / "vllm")] + dt)
     print(f"DraftGym demo: {args.model} in {dt[1]}, head {head}, output under {out}/", flush=True)
     for i, cmd in enumerate(steps, 1):
-        if cmd[0] == "export" and not vllm_speculates(schedule):
-            print(f"\n[{i}/{len(steps)}] export: skipped, vLLM would never speculate (AR beats every chain it can run at "
-                  f"every tuned B here); serve without a speculative config", flush=True)
+        if cmd[0] in ("export", "vllm-run") and not vllm_speculates(schedule):
+            print(f"\n[{i}/{len(steps)}] {cmd[0]}: skipped, vLLM would never speculate (AR beats every chain it can run "
+                  f"at every tuned B here); serve without a speculative config", flush=True)
+            continue
+        if cmd[0] == "vllm-run" and not vllm_installed():
+            print(f"\n[{i}/{len(steps)}] vllm-run: skipped, vLLM is not installed (`make vllm`, docs/vllm.md)", flush=True)
             continue
         print(f"\n[{i}/{len(steps)}] draftgym {shlex.join(cmd)}", flush=True)
         ts = time.perf_counter()
@@ -130,6 +143,16 @@ def training_note(ltd_steps: int) -> str:
     return (f"LTD trained {ltd_steps:,} PPO steps per depth phase (size phases a quarter) to fit the demo's time "
             f"budget; `draftgym train --method ltd` trains {full:,} by default. A policy trained this briefly can "
             f"trail grid-best; the full-budget figures are in BENCHMARKS.md (headline table).")
+
+
+def vllm_installed() -> bool:
+    from online.vllm.env import vllm_python
+    from pipeline.errors import DraftGymError
+
+    try:
+        return bool(vllm_python())
+    except DraftGymError:
+        return False
 
 
 def vllm_speculates(schedule_path) -> bool:

@@ -35,6 +35,7 @@ import numpy as np
 
 from pipeline.errors import DataError, DraftGymError
 from online.vllm import env as E
+from online.vllm.compare import compare_replay, predict_closed, predict_load
 
 WARMUP_PROMPTS = 2
 
@@ -59,6 +60,8 @@ class VllmRunConfig:
     seed: int = 0                         # vLLM's seed and the Poisson arrivals'
     check_ar: bool = True                 # fp32: vLLM's outputs against DraftGym's own AR
     compare_logs: str | None = None       # logs root: each chain's replayed counters beside vLLM's
+    cost_curve: str | None = None         # a vllm_steps.jsonl from an earlier run to price the replay with
+                                          # (default: this run's own, from its closed batches)
     out: str = "data/reports/vllm"
     kv_cache_gib: int = 1                 # VLLM_CPU_KVCACHE_SPACE
     max_model_len: int = 2048
@@ -156,12 +159,18 @@ def vllm_error(log: Path) -> str:
 
 def run_engine(py: Path, job: dict, out_dir: Path, name: str, timeout_s: int) -> tuple[list[dict], bool, Path]:
     """Start the worker for one config; return (its result events, complete?, its log). Never raises for an engine
-    that died after it was ready: what it wrote is kept and marked partial."""
+    that died after it was ready: what it wrote is kept and marked partial. A job that already ran to the end in
+    this folder (the same job.json, a results file ending in "done") is not run again."""
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     job_path, res, log = logs / f"{name}.job.json", logs / f"{name}.jsonl", logs / f"{name}.log"
+    if job_path.is_file() and job_path.read_text() == json.dumps(job) and res.is_file():
+        events = [json.loads(x) for x in res.read_text().splitlines() if x.strip()]
+        if events and events[-1]["event"] == "done":          # the same job ran to the end: reuse it (idempotent)
+            return events, True, log
     job_path.write_text(json.dumps(job))
     res.unlink(missing_ok=True)
+    job = dict(job)
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(job.pop("kv_cache_gib")),
            "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     with open(log, "w") as lf:
@@ -188,16 +197,23 @@ def summarise(events: list[dict]) -> dict:
         rs = sorted((r for r in reqs if r["run"] == e["run"]), key=lambda r: r["index"])
         toks = sum(len(r["output_ids"]) for r in rs)
         tpot = [(r["finish_s"] - r["first_token_s"]) / (len(r["output_ids"]) - 1) for r in rs if len(r["output_ids"]) > 1]
-        decode = {}
-        for n, t, prefill in e["steps"]:
+        decode, emitted, alone = {}, {}, []
+        for n, t, prefill, *tok in e["steps"]:
+            if prefill and n == 1:
+                alone.append(t)                                  # one request's prompt, nothing else running
             if not prefill:
                 decode.setdefault(int(n), []).append(t)
+                emitted.setdefault(int(n), []).append(tok[0] if tok else 0)
+        span = max((r["finish_s"] for r in rs), default=0.0) - min((r["arrival_s"] for r in rs), default=0.0)
         out[e["run"]] = {"requests": len(rs), "tokens": toks, "wall_s": e["wall_s"], "tokens_per_s": toks / e["wall_s"],
+                         "span_tokens_per_s": toks / span if span > 0 else None, "prefill_alone_s": alone,
                          "tpot_mean_ms": 1e3 * statistics.fmean(tpot) if tpot else None,
                          "tpot_p90_ms": 1e3 * float(np.percentile(tpot, 90)) if tpot else None,
                          "ttft_mean_ms": 1e3 * statistics.fmean(r["first_token_s"] - r["arrival_s"] for r in rs) if rs else None,
                          "steps": len(e["steps"]), "spec": e["spec"], **spec_figures(e["spec"]),
                          "decode_step_ms": {n: 1e3 * statistics.median(v) for n, v in sorted(decode.items())},
+                         # tokens / s over the decode steps with n requests in flight (no request joining)
+                         "decode_tokens_per_s": {n: sum(emitted[n]) / sum(v) for n, v in sorted(decode.items())},
                          "outputs": {r["index"]: r["output_ids"] for r in rs}}
     return out
 
@@ -221,9 +237,15 @@ def lossless(runs: dict, ref: dict) -> dict:
     return out
 
 
-def cost_curve_rows(results: dict, configs: list[SpecConfig]) -> list[dict]:
-    """vllm_steps.jsonl: one row per (B, static k) closed run, profile-import's fields (sglang_import.py)."""
+def cost_curve_rows(results: dict, configs: list[SpecConfig], runs: list[dict]) -> list[dict]:
+    """vllm_steps.jsonl: one row per (B, static k) closed run, profile-import's fields (sglang_import.py), and the
+    prefills of the B = 1 run without speculation (there the i-th prompt is prefilled alone in the i-th joining step)."""
     rows = []
+    b1 = next((r for r in runs if r["kind"] == "closed" and r["batch"] == 1), None)
+    got = results.get("none", {}).get("runs", {}).get("B1")
+    if b1 and got and len(got["prefill_alone_s"]) == len(b1["prompts"]):
+        rows += [{"prefill_tokens": len(p), "prefill_time": t, "engine": "vllm"}
+                 for p, t in zip(b1["prompts"], got["prefill_alone_s"])]
     for sc in configs:
         if sc.ranges or sc.name not in results:
             continue
@@ -304,10 +326,21 @@ def run_vllm_run_command(cfg: VllmRunConfig) -> int:
         div = {i: first_divergence(ar[i], ref["B1"]["outputs"][i]) for i in range(len(prompts))}
         rep["draftgym_ar_vs_vllm"] = {"identical": sum(d is None for d in div.values()), "of": len(div),
                                       "first_divergence": {i: d for i, d in div.items() if d is not None}}
-    if cfg.compare_logs:
-        rep["replay_vs_vllm"] = compare_replay(cfg, results, configs, [r.prompt_id for r in kept], dtype)
-    curve = cost_curve_rows(results, configs)
+    curve = cost_curve_rows(results, configs, runs)
     (out / "vllm_steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
+    if cfg.compare_logs:
+        ids = [r.prompt_id for r in kept]
+        rep["replay_vs_vllm"] = compare_replay(cfg, results, configs, ids, dtype)
+        costs = Path(cfg.cost_curve) if cfg.cost_curve else out / "vllm_steps.jsonl"
+        if cfg.cost_curve and not costs.is_file():
+            raise DataError(f"cost curve not found: {cfg.cost_curve}")
+        if costs.is_file() and costs.read_text().strip():
+            rep["cost_curve"] = str(costs)
+            rep["predicted_tokens_per_s"] = predict_closed(cfg, results, configs, ids, dtype, costs)
+            loads = {r["name"]: (r["arrivals"], [i % len(ids) for i in range(len(r["arrivals"]))])
+                     for r in runs if r["kind"] == "trace"}
+            if loads:
+                rep["predicted_load"] = predict_load(cfg, results, configs, ids, loads, dtype, costs)
     (out / "report.json").write_text(json.dumps(rep, indent=1))
     (out / "report.md").write_text(report_md(rep))
     if cfg.as_json:
@@ -317,29 +350,6 @@ def run_vllm_run_command(cfg: VllmRunConfig) -> int:
         print(f"wrote {out}/report.md, report.json, vllm_steps.jsonl ({len(curve)} rows: `draftgym profile-import "
               f"--format vllm-steps {out}/vllm_steps.jsonl --model {cfg.model} --dtype {dtype} --out LOGS`)")
     return 0
-
-
-def compare_replay(cfg: VllmRunConfig, results: dict, configs: list[SpecConfig], prompt_ids: list[str], dtype: str) -> list:
-    """Each static chain's replayed counters on the logs beside vLLM's at B = 1 (or its first closed run)."""
-    from simulator.logs.replay_logs import load_logs
-    from simulator.serving.formats.vllm_counters import chain_counters
-
-    logs = load_logs(cfg.compare_logs, widths="all", dtype=dtype)
-    rows = []
-    for sc in configs:
-        if sc.k == 0 or sc.ranges:
-            continue
-        runs = results[sc.name]["runs"]
-        name = "B1" if "B1" in runs else next(iter(runs), None)
-        if name is None:
-            continue
-        pred = chain_counters(logs, sc.k, prompt_ids)
-        got = runs[name]
-        rows.append({"config": sc.name, "run": name, "vllm_mean_acceptance_length": got["mean_acceptance_length"],
-                     "replay_mean_acceptance_length": pred["mean_acceptance_length"],
-                     "vllm_acceptance_per_pos": got["acceptance_per_pos"], "replay_acceptance_per_pos": pred["acceptance_per_pos"],
-                     "vllm_drafts": got["spec"].get("num_drafts"), "replay_drafts": pred["num_drafts"]})
-    return rows
 
 
 def report_md(rep: dict) -> str:
@@ -364,4 +374,19 @@ def report_md(rep: dict) -> str:
         per = ", ".join(f"{v:.3f}/{p:.3f}" for v, p in zip(row["vllm_acceptance_per_pos"], row["replay_acceptance_per_pos"]))
         lines += ["", f"{row['config']} ({row['run']}): mean acceptance length vLLM {row['vllm_mean_acceptance_length']:.3f}, "
                       f"replay {row['replay_mean_acceptance_length']:.3f}; per position vLLM/replay {per}"]
+    load = rep.get("predicted_load", [])
+    if load:
+        lines += ["", "Under load: vLLM against the replay of the same arrivals on vLLM's own step costs (tokens/s from "
+                      "the first arrival to the last finish):", "",
+                  "| config | run | vLLM tokens/s | replay | error | TPOT mean ms vLLM / replay | replay mean batch |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['config']} | {r['run']} | {r['vllm_tokens_per_s']:.1f} | {r['replay_tokens_per_s']:.1f} | "
+                  f"{100 * r['error']:+.1f} % | {r['vllm_tpot_mean_ms'] or float('nan'):.1f} / {r['replay_tpot_mean_ms']:.1f} | "
+                  f"{r['replay_mean_batch']:.2f} |" for r in load]
+    pred = rep.get("predicted_tokens_per_s", [])
+    if pred:
+        lines += ["", "Decode tokens/s at B requests in flight, vLLM against the replay on vLLM's own step costs:", "",
+                  "| config | B | vLLM | replay | error |", "|---|---|---|---|---|"]
+        lines += [f"| {r['config']} | {r['batch']} | {r['vllm_decode_tokens_per_s']:.1f} | {r['replay_tokens_per_s']:.1f} | "
+                  f"{100 * r['error']:+.1f} % |" for r in pred]
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ every finished request and run on disk):
 
     {"event": "ready", "startup_s", "vllm_version", "torch_version"}
     {"event": "request", "run", "index", "output_ids", "arrival_s", "first_token_s", "finish_s"}
-    {"event": "run", "run", "wall_s", "steps": [[in_flight, seconds, prefill], ...], "spec": counters}
+    {"event": "run", "run", "wall_s", "steps": [[in_flight, seconds, prefill, tokens], ...], "spec": counters}
     {"event": "done"}
 
 Why the offline engine in a subprocess, not `vllm serve` over HTTP: a step-by-step loop over
@@ -76,13 +76,14 @@ class Writer:
 def drive(engine, params, run: dict, emit) -> list:
     """One run through the engine: closed batch (`batch` in flight) or a trace (`arrivals`).
 
-    Returns the steps [[in_flight, seconds, prefill], ...]: in_flight = requests in the engine when the
-    step began, prefill = a request joined since the step before (its prompt is processed in this one)."""
+    Returns the steps [[in_flight, seconds, prefill, tokens], ...]: in_flight = requests in the engine when the
+    step began, prefill = a request joined since the step before (its prompt is processed in this one),
+    tokens = output tokens the step emitted over all requests."""
     prompts, name = run["prompts"], run["name"]
     arrivals = run.get("arrivals") or [0.0] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: arrivals[i])
     nxt, live, steps = 0, {}, []
-    first = {}
+    first, seen = {}, {}
     joined = False
     t0 = time.perf_counter()
     while nxt < len(order) or live:
@@ -100,20 +101,23 @@ def drive(engine, params, run: dict, emit) -> list:
         if not live:                                               # idle until the next arrival
             time.sleep(max(0.0, arrivals[order[nxt]] - (time.perf_counter() - t0)))
             continue
-        n = len(live)
+        n, prefill = len(live), joined
         ts = time.perf_counter()
         outs = engine.step()
         te = time.perf_counter()
-        steps.append([n, te - ts, joined])
-        joined = False
+        joined, emitted = False, 0
         for o in outs:
             i, arr = live[o.request_id]
+            got = len(o.outputs[0].token_ids) if o.outputs else 0
+            emitted += got - seen.get(o.request_id, 0)
+            seen[o.request_id] = got
             if o.outputs and o.outputs[0].token_ids and o.request_id not in first:
                 first[o.request_id] = te - t0
             if o.finished:
                 del live[o.request_id]
                 emit("request", run=name, index=i, output_ids=list(o.outputs[0].token_ids), arrival_s=arr,
                      first_token_s=first.get(o.request_id, te - t0), finish_s=te - t0)
+        steps.append([n, te - ts, prefill, emitted])
     return steps
 
 

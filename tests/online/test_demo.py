@@ -19,7 +19,7 @@ def test_demo_chain_tiny(tmp_path, tiny_model_dir, capsys, dtype):
         ["--verify-sizes", "1,16", "--contexts", "16,64", "--batch-sizes", "none", "--profile-interleave", "0",
          "--datasets", "mt-bench"]
     rc = demo.main(["--model", str(tiny_model_dir), "--head", "random", "--out", str(out), "--train-prompts", "2",
-                    "--test-prompts", "1", "--max-new-tokens", "8", "--ltd-steps", "2048", "--no-ray",
+                    "--test-prompts", "1", "--max-new-tokens", "8", "--ltd-steps", "2048", "--no-ray", "--no-vllm",
                     "--dtype", dtype] + grid)
     assert rc == 0
     printed = capsys.readouterr().out

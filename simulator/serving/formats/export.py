@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -275,6 +275,9 @@ def to_sglang_throughput(schedule: Schedule, head: str | None, best: bool = Fals
 def export(cfg: ExportConfig) -> tuple[str, list[str]]:
     """(the text to write, notes)."""
     sched = Schedule.load(cfg.schedule)
+    if cfg.head == "default":                     # the shipped head: an engine needs its directory, not our alias
+        from pipeline.models.head import resolve_head_dir
+        cfg = replace(cfg, head=str(resolve_head_dir("default")))
     if cfg.fmt == "json":
         return sched.dumps(), []
     if cfg.fmt == "vllm":

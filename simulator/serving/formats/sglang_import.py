@@ -3,7 +3,10 @@
 vllm-steps: the `vllm_steps.jsonl` that `draftgym vllm-run` writes (online/vllm/run.py), the same fields
 as below, one row per (B, k) it ran: steps = k, topk = 1, num_draft_tokens = k + 1 (0, 0, 0 without
 speculation), acc_length = vLLM's mean acceptance length, step_time = the median of vLLM's decode steps
-with exactly B requests in flight (steps where a request joined are left out).
+with exactly B requests in flight (steps where a request joined are left out); and prefill rows
+{"prefill_tokens": n, "prefill_time": s} (vLLM's step that took one request's n-token prompt alone, at
+B = 1 without speculation), written as `prefill` latency rows (context_len = n) so the load replay
+charges each joining request's prefill as the engine does.
 
 The file: the JSONL that sgl-project/sglang's scripts/playground/bench_speculative.py appends, one
 object per (batch_size, steps, topk, num_draft_tokens) it launched a server for (read 2026-11-25,
@@ -81,7 +84,7 @@ def read_bench(path) -> list[dict]:
         raise DataError(f"{path} not found")
     rows = []
     for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if not line.strip():
+        if not line.strip() or '"prefill_tokens"' in line:
             continue
         try:
             r = json.loads(line)
@@ -102,6 +105,23 @@ def read_bench(path) -> list[dict]:
     if not rows:
         raise DataError(f"{path}: no rows")
     return rows
+
+
+def read_prefill(path) -> list[tuple[int, float]]:
+    """The prefill rows of a vllm-steps file: [(prompt tokens, seconds)] (none in SGLang's files)."""
+    out = []
+    for i, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
+        if '"prefill_tokens"' not in line:
+            continue
+        try:
+            r = json.loads(line)
+            n, t = int(r["prefill_tokens"]), float(r["prefill_time"])
+            if n < 1 or not t > 0:
+                raise ValueError("prefill_tokens >= 1 and prefill_time > 0")
+        except (ValueError, TypeError, KeyError, json.JSONDecodeError) as e:
+            raise DataError(f"{path}:{i}: not a prefill row ({str(e).splitlines()[0]})") from None
+        out.append((n, t))
+    return out
 
 
 def decompose(rows: list[dict]) -> tuple[dict, dict, float]:
@@ -129,7 +149,7 @@ def decompose(rows: list[dict]) -> tuple[dict, dict, float]:
 
 
 def latency_rows(rows: list[dict], model: str, dtype: str, profile_id: str, source: str, context_len: int = 0,
-                 fmt: str = "sglang-bench"):
+                 fmt: str = "sglang-bench", prefill: list[tuple[int, float]] = ()):
     """LATENCY rows of the imported profile + {B: fit error}."""
     out, fit = [], {}
     measured = sorted({S.label(r["shape"]) for r in rows})
@@ -137,15 +157,19 @@ def latency_rows(rows: list[dict], model: str, dtype: str, profile_id: str, sour
     env = json.dumps({"engine": engine, "source": source, "statistic": statistic, "measured_shapes": measured})
     device = f"sglang bench_speculative ({source})" if engine == "sglang" else f"vllm step times ({source})"
 
-    def row(op, t, B, W=0, V=0):
+    def row(op, t, B, W=0, V=0, c=context_len):
         return {"schema_version": SCHEMA_VERSION, "profile_id": profile_id, "device": device,
                 "device_type": engine, "model_id": model, "head_id": engine, "dtype": dtype, "op": op, "width": int(W),
-                "verify_size": int(V), "context_len": int(context_len), "batch": int(B), "n": 1, "median": float(t),
+                "verify_size": int(V), "context_len": int(c), "batch": int(B), "n": 1, "median": float(t),
                 "p10": float(t), "p90": float(t), "mean": float(t), "env_json": env}
     for B in sorted({r["batch"] for r in rows}):
         d, v, fit[B] = decompose([r for r in rows if r["batch"] == B])
         out += [row("draft_step", t, B, W=W) for W, t in d.items()]
         out += [row("verify", t, B, V=V) for V, t in v.items()]
+    by_n = {}
+    for n, t in prefill:
+        by_n.setdefault(n, []).append(t)
+    out += [row("prefill", float(np.median(ts)), 1, c=n) for n, ts in sorted(by_n.items())]
     if not any(r["batch"] == 1 and r["op"] == "draft_step" for r in out):
         raise DataError(f"{source}: no speculative row at batch_size 1; the latency model needs batch-1 rows "
                         f"(run bench_speculative.py with --batch-size 1 ...)")
@@ -171,7 +195,8 @@ def run_profile_import_command(cfg: ProfileImportConfig) -> int:
         raise DataError(f"unknown profile format {cfg.fmt!r} ({' | '.join(FORMATS)})")
     rows = read_bench(cfg.file)
     pid = cfg.profile_id or f"{FORMATS[cfg.fmt][0]}-{Path(cfg.file).stem}"
-    lat_rows, fit = latency_rows(rows, cfg.model, cfg.dtype, pid, Path(cfg.file).name, cfg.context_len, cfg.fmt)
+    lat_rows, fit = latency_rows(rows, cfg.model, cfg.dtype, pid, Path(cfg.file).name, cfg.context_len, cfg.fmt,
+                                 read_prefill(cfg.file))
     path = write_latency(cfg.out, lat_rows, model=cfg.model, name=pid)
     lat = LatencyModel.from_rows(lat_rows, model=cfg.model, profile=pid)
     check = [abs(float(lat.t_step(*r["shape"], cfg.context_len, batch=r["batch"])) - r["step_time"]) / r["step_time"]
