@@ -175,7 +175,7 @@ def add_vllm_run(sub: argparse._SubParsersAction) -> None:
                    help="a `draftgym export --format vllm` speculative_config or a `draftgym tune` schedule (repeatable)")
     p.add_argument("--batch-sizes", help="closed batches: B requests in flight, refilled ('none': load runs only)")
     p.add_argument("--rates", help="Poisson load runs, requests/s, comma-separated")
-    p.add_argument("--trace", help="a load run from a file of arrival times (s)")
+    p.add_argument("--trace", help="a load run from a file of arrival times (s) (default: none)")
     p.add_argument("--load-requests", type=COUNT, help="requests per Poisson run (the prompts, cycled)")
     p.add_argument("--max-batch", type=COUNT, help="vLLM's max_num_seqs: the most requests in the engine at once")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="compute dtype (default: DraftGym's CPU default)")
@@ -183,9 +183,9 @@ def add_vllm_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-check-ar", dest="check_ar", action="store_false", default=None,
                    help="skip the fp32 check of vLLM's outputs against DraftGym's own AR")
     p.add_argument("--compare-logs", help="logs root (collected with --widths 1): each chain's replayed acceptance "
-                                          "beside vLLM's")
+                                          "beside vLLM's (default: no comparison)")
     p.add_argument("--cost-curve", help="with --compare-logs: price the replay with this vllm_steps.jsonl (an earlier "
-                                        "run's) instead of this run's own closed batches")
+                                        "run's) instead of this run's own closed batches (default: this run's)")
     p.add_argument("--out", help="report folder")
     p.add_argument("--timeout-s", type=COUNT, help="per engine")
     add_json(p, "print the report's summary as one JSON object")

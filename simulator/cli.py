@@ -379,9 +379,8 @@ def add_profile_import(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile-import", help="turn an engine's own timing file (SGLang bench_speculative.py JSONL, "
                                               "vllm-run's vllm_steps.jsonl) into a latency profile with batch rows")
     p.add_argument("file", help="the engine's file")
-    p.add_argument("--format", dest="fmt", choices=["sglang-bench", "vllm-steps"],
-                   help="sglang-bench (default): sglang/scripts/playground/bench_speculative.py's JSONL; vllm-steps: "
-                        "`draftgym vllm-run`'s vllm_steps.jsonl")
+    p.add_argument("--format", dest="fmt", choices=["sglang-bench", "vllm-steps"], help="sglang-bench: SGLang's "
+                   "bench_speculative.py JSONL; vllm-steps: `draftgym vllm-run`'s vllm_steps.jsonl")
     p.add_argument("--out", required=True, help="logs root to write latency/model=<M>/<profile_id>.parquet into")
     p.add_argument("--model", required=True, help="model_id of the logs the profile will time")
     p.add_argument("--dtype", choices=list(DTYPES), help="the engine's compute dtype")

@@ -35,6 +35,7 @@ import numpy as np
 
 from pipeline.errors import DataError, DraftGymError
 from online.vllm import env as E
+from online.vllm.checks import classify_divergences, draftgym_ar, first_divergence, lossless
 from online.vllm.compare import compare_replay, predict_closed, predict_load
 
 WARMUP_PROMPTS = 2
@@ -218,25 +219,6 @@ def summarise(events: list[dict]) -> dict:
     return out
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def lossless(runs: dict, ref: dict) -> dict:
-    """Each run's outputs against the reference config's same run: identical count and first divergences."""
-    out = {}
-    for name, r in runs.items():
-        if name not in ref:
-            continue
-        div = {i: first_divergence(o, ref[name]["outputs"].get(i, [])) for i, o in r["outputs"].items()}
-        bad = {i: d for i, d in div.items() if d is not None}
-        out[name] = {"identical": len(div) - len(bad), "of": len(div), "first_divergence": bad}
-    return out
-
-
 def cost_curve_rows(results: dict, configs: list[SpecConfig], runs: list[dict]) -> list[dict]:
     """vllm_steps.jsonl: one row per (B, static k) closed run, profile-import's fields (sglang_import.py), and the
     prefills of the B = 1 run without speculation (there the i-th prompt is prefilled alone in the i-th joining step)."""
@@ -257,15 +239,6 @@ def cost_curve_rows(results: dict, configs: list[SpecConfig], runs: list[dict]) 
             rows.append({"batch_size": B, "steps": sc.k, "topk": 1 if sc.k else 0, "num_draft_tokens": sc.k + 1 if sc.k else 0,
                          "acc_length": r["mean_acceptance_length"], "step_time": t / 1e3, "engine": "vllm"})
     return rows
-
-
-def draftgym_ar(cfg: VllmRunConfig, prompts: list[list[int]], dtype: str) -> list[list[int]]:
-    from pipeline.decode.continuations import generate_batch
-    from pipeline.models.target import load_target
-
-    t = load_target(cfg.model, device="cpu", dtype=dtype)
-    conts = generate_batch(t.model, prompts, cfg.max_new_tokens, eos_token_ids=t.eos_token_ids, batch_size=len(prompts))
-    return [list(c.output_ids) for c in conts]
 
 
 def run_vllm_run_command(cfg: VllmRunConfig) -> int:
@@ -318,6 +291,8 @@ def run_vllm_run_command(cfg: VllmRunConfig) -> int:
     for name, r in results.items():
         if name != "none":
             r["lossless_vs_none"] = lossless(r["runs"], ref)
+    if dtype != "float32":                                      # reduced precision: is each divergence a near-tie?
+        classify_divergences(cfg.model, dtype, results, runs)
     rep = {"config": asdict(cfg), "vllm_version": version, "dtype": dtype, "target": tdir, "head": hdir,
            "prompts": [r.prompt_id for r in kept], "skipped_prompts": skipped,
            "environment": environment_fingerprint("cpu", dtype), "results": results}
@@ -365,6 +340,8 @@ def report_md(rep: dict) -> str:
             same = "ref" if name == "none" else (f"{ll['identical']}/{ll['of']}" if ll else "-")
             per = " / ".join(f"{x:.3f}" for x in f["acceptance_per_pos"]) or "-"
             tp = f"{f['tpot_mean_ms']:.1f} / {f['tpot_p90_ms']:.1f}" if f["tpot_mean_ms"] is not None else "-"
+            if ll and ll.get("verdicts"):
+                same += " (" + ", ".join(f"{v} {k}" for k, v in ll["verdicts"].items() if v and k != "exact") + ")"
             lines.append(f"| {name}{'' if r['complete'] else ' (partial)'} | {run} | {f['tokens_per_s']:.1f} | {tp} | "
                          f"{f['mean_acceptance_length']:.3f} | {per} | {same} |")
     if "draftgym_ar_vs_vllm" in rep:
