@@ -26,7 +26,8 @@ class GenerateConfig:
                                       # file of `prompt` / `messages` rows (pipeline/datasets.py)
     batch_size: int | None = None     # None: one prompt with the batch-1 engine; B: BatchEngine at batch B
     model: str = "smollm2-135m"       # target: 'smollm2-135m' (embedded), a HF model directory or a hub id
-    head: str = "random"              # EAGLE-3 head: 'default' (the shipped one), 'random', a directory or a hub id
+    head: str | None = None           # EAGLE-3 head: 'default' (the shipped one), 'random', a directory or a hub id;
+                                      # None: 'default' on the embedded target (the head it ships with), else 'random'
     method: str = "eagle3"            # 'ar': plain autoregressive decoding; 'eagle3': speculative decoding
     depth: int = 8                    # D: draft forwards per cycle
     width: int = 10                   # W: EAGLE top_k
@@ -42,6 +43,9 @@ class GenerateConfig:
 
 
 def run_generate_command(cfg: GenerateConfig) -> int:
+    if cfg.head is None:
+        from pipeline.models.target import EMBEDDED_DEFAULT
+        cfg = replace(cfg, head="default" if cfg.model == EMBEDDED_DEFAULT else "random")
     if cfg.temperature < 0:
         raise DraftGymError(f"temperature must be >= 0, got {cfg.temperature}")
     if cfg.chain is not None and cfg.chain < 1:

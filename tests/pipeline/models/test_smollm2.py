@@ -61,6 +61,7 @@ def test_cli_generate_json(capsys):
     for key in ("text", "output_ids", "new_tokens", "cycles", "tau", "tokens_per_s", "wall_s", "device"):
         assert key in obj
     assert obj["new_tokens"] == len(obj["output_ids"]) <= 12 and obj["device"].startswith("cpu")
+    assert obj["head"] == "default"            # on the embedded target the shipped head is the default, not random
     rc = cli(["generate", "--prompt", "What is 2+2?", "--method", "ar", "--max-new-tokens", "12", "--json"])
     ar = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert ar["output_ids"] == obj["output_ids"] and ar["text"] == obj["text"]
