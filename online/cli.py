@@ -136,9 +136,9 @@ def run_validate_command(cfg) -> int:
         return run_validate_batch_command(cfg)
     if cfg.schedule:
         raise DraftGymError("--schedule needs --batch-sizes or --load-trace (a schedule picks a shape per batch size)")
-    from online.validate.batch1 import run_validate_command as run_batch1
+    from online.validate.batch1 import run_validate_batch1_command
 
-    return run_batch1(cfg)
+    return run_validate_batch1_command(cfg)
 
 
 def add_profile_policy(sub: argparse._SubParsersAction) -> None:

@@ -23,7 +23,8 @@ from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import ReplayLogs
 from simulator.observations.paper import best_beam_entropy, best_beam_score
 from simulator.policies.base import Policy, Shape, const_shape
-from simulator.replay import cycle_time, pool_size
+from pipeline.decode.controller import pool_size
+from simulator.replay import cycle_time
 
 
 

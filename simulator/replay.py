@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline import metrics as M
+from pipeline.decode.controller import pool_size
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import ReplayLogs
 from simulator.observations.paper import RESPS_ROOT_K
@@ -38,12 +39,6 @@ def call_seconds(policy, latency: LatencyModel) -> float:
     has it (LatencyModel.call_s), else the generic policy op; heuristics state their own figure."""
     c = getattr(policy, "call_cost", "model")
     return latency.call_s(getattr(policy, "latency_key", None)) if c == "model" else float(c)
-
-
-def pool_size(depth, width) -> np.ndarray:
-    """W + (D-1) W^2 candidates in a depth-D pool."""
-    depth, width = np.asarray(depth), np.asarray(width)
-    return width + (depth - 1) * width * width
 
 
 def lookup_accepted(logs: ReplayLogs, rows, depth, width, verify) -> np.ndarray:
@@ -63,7 +58,7 @@ def cycle_time(latency: LatencyModel, depth, width, verify, context_len, n_calls
                rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
     """Per-component cycle times (module docstring). rng -> sampled latency noise."""
     depth = np.asarray(depth)
-    v_eff = np.minimum(verify, 1 + pool_size(depth, width))
+    v_eff = np.minimum(verify, 1 + pool_size(np.asarray(depth), np.asarray(width)))
     td = depth * latency.t_draft(width, context_len, rng)
     tv = latency.t_verify(v_eff, context_len, rng)
     to = latency.t_overhead(context_len, rng)

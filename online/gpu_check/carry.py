@@ -40,15 +40,6 @@ FORMAT = "draftgym-carry/1"
 MIB = 1 << 20
 TRANSFER_LIMIT = 64 * MIB          # the working tree + carried paths of one call
 DEFAULT_CHUNK_MB = 32
-_BLOCK = 4 * MIB                   # read/write granularity
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def manifest_path(out_dir: Path, name: str) -> Path:

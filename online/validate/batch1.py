@@ -274,7 +274,7 @@ def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: b
              "wall_s": time.perf_counter() - t0}, sampler)
 
 
-def run_validate_command(cfg: ValidateConfig) -> int:
+def run_validate_batch1_command(cfg: ValidateConfig) -> int:
     """`draftgym validate`: check the settings, `run_validate`, print the report. Exit status 1 when
     an output at T = 0 was not lossless."""
     check_config(cfg)

@@ -35,9 +35,10 @@ EAGLE3_DEFAULT_SHAPE = (8, 10, 60)     # EAGLE-3's from_pretrained (D, W, V): th
 DEFAULT_DEPTH, DEFAULT_WIDTH, DEFAULT_VERIFY_SIZE = EAGLE3_DEFAULT_SHAPE
 
 
-def pool_size(depth: int, width: int) -> int:
-    """W + (D - 1) W^2: the draft candidates a tree of D forwards over W beams makes (0 when off)."""
-    return 0 if depth == 0 else width + (depth - 1) * width * width
+def pool_size(depth, width):
+    """W + (D - 1) W^2: the draft candidates a tree of D forwards over W beams makes (0 when off, D = 0).
+    Ints give an int; numpy arrays (the replay's) give an array, elementwise."""
+    return (depth > 0) * (width + (depth - 1) * width * width)
 
 
 class _DWV(NamedTuple):

@@ -1,4 +1,4 @@
-"""Drafting with an EAGLE-3 head: the head's own KV cache and batched tree expansion.
+"""Drafting with an EAGLE-3 head: batched tree expansion over the head's KV cache.
 
 Sequence convention (that of SafeAILab/EAGLE's EAGLE-3 code): the head's entry t pairs the target feature f_t (three
 fused target layers) with token x_{t+1}, at position t. Its output predicts x_{t+2}. The head keeps
@@ -6,7 +6,8 @@ a KV cache of these entries for the accepted prefix across cycles; the entries o
 temporary and dropped after each cycle.
 
 A tree node at depth j below the root x_n is fed as (g_parent, token) at position n-1+j, where
-g_parent is the head's output (before `norm`) at the row that proposed it: exactly the position a
+g_parent is the head's output state (g'' before `norm` in EAGLE-3, norm(g'') in EAGLE-3.1:
+pipeline/models/head_model.py) at the row that proposed it: exactly the position a
 sequential decode would give it if the path were accepted.
 """
 from __future__ import annotations
@@ -18,23 +19,6 @@ import torch
 from pipeline.models.head import Eagle3Head
 from pipeline.models.head_model import KVBuffer
 from pipeline.decode.tree import DraftPool, DraftStep, expand_level, level_stats
-
-
-class DraftKV:
-    """The head's KV cache of accepted entries (batch 1). keys/values: [1, n_kv, S, d]."""
-
-    def __init__(self):
-        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    @property
-    def length(self) -> int:
-        return 0 if self.kv is None else self.kv[0].shape[2]
-
-    def append(self, new_kv: tuple[torch.Tensor, torch.Tensor]) -> None:
-        if self.kv is None:
-            self.kv = new_kv
-        else:
-            self.kv = (torch.cat([self.kv[0], new_kv[0]], 2), torch.cat([self.kv[1], new_kv[1]], 2))
 
 
 def additive(mask_bool: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -27,7 +27,7 @@ from typing import Callable
 import pyarrow.fs as pafs
 
 from pipeline.errors import DraftGymError, first_line
-from pipeline.runtime.atomic import LOCAL_TYPES, atomic_write, atomic_write_json, atomic_write_text
+from pipeline.runtime.atomic import atomic_write, atomic_write_json, atomic_write_text
 
 
 def is_uri(s: str | Path) -> bool:
@@ -129,10 +129,6 @@ class LogStore:
     fs: pafs.FileSystem
     root: str
     uri: str            # as the user gave it (for messages); local paths: the absolute path
-
-    @property
-    def is_local(self) -> bool:
-        return self.fs.type_name in LOCAL_TYPES
 
     def path(self, *parts: str | Path) -> str:
         return "/".join([self.root.rstrip("/")] + [str(p).strip("/") for p in parts if str(p)])

@@ -21,11 +21,29 @@ from transformers import DynamicCache
 
 from pipeline.decode.batch.result import cut
 from pipeline.decode.controller import Controller, CycleRecord, StaticController, StepContext, StepRecord
-from pipeline.decode.draft import DraftKV, expand_tree
+from pipeline.decode.draft import expand_tree
 from pipeline.decode.engine import GenerationResult
 from pipeline.decode.tree import select_tree
 from pipeline.decode.verify import (accept_greedy, accept_sampling, compact_cache, sample_token, target_forward,
                                     verify_tree)
+
+
+class DraftKV:
+    """The head's KV cache of accepted entries (batch 1). keys/values: [1, n_kv, S, d]."""
+
+    def __init__(self):
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.kv is None else self.kv[0].shape[2]
+
+    def append(self, new_kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if self.kv is None:
+            self.kv = new_kv
+        else:
+            self.kv = (torch.cat([self.kv[0], new_kv[0]], 2), torch.cat([self.kv[1], new_kv[1]], 2))
+
 
 
 class ReferenceEngine:

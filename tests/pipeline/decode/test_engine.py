@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pipeline.decode.controller import Controller, StaticController, StepShape
-from pipeline.decode.draft import DraftKV, expand_tree
+from pipeline.decode.draft import expand_tree
 from pipeline.decode.engine import Engine
 from pipeline.models.head import random_head
 from pipeline.decode.tree import DraftPool, VerifyTree, select_tree, tree_mask
