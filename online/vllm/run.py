@@ -162,6 +162,7 @@ def run_engine(py: Path, job: dict, out_dir: Path, name: str, timeout_s: int) ->
     """Start the worker for one config; return (its result events, complete?, its log). Never raises for an engine
     that died after it was ready: what it wrote is kept and marked partial. A job that already ran to the end in
     this folder (the same job.json, a results file ending in "done") is not run again."""
+    out_dir = Path(out_dir).resolve()                           # the worker runs with its cwd there
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     job_path, res, log = logs / f"{name}.job.json", logs / f"{name}.jsonl", logs / f"{name}.log"
@@ -270,7 +271,7 @@ def run_vllm_run_command(cfg: VllmRunConfig) -> int:
         raise DataError(f"every prompt of {cfg.dataset} was refused, e.g. {skipped[0]['error']}")
     configs = spec_configs(cfg, hdir)
     runs = make_runs(cfg, prompts)
-    out = Path(cfg.out)
+    out = Path(cfg.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     max_seqs = max([cfg.max_batch, *[int(b) for b in cfg.batch_sizes]])
     results = {}

@@ -5,6 +5,7 @@ the same prompts; then the checks each figure must pass, the cost-curve import, 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -117,9 +118,10 @@ def test_legacy_head_is_refused_before_vllm_reads_it_wrong(tmp_path, capsys):
     assert "head-convert" in err
 
 
-def test_engine_refusal_and_death_mid_run(tmp_path):
+def test_engine_refusal_and_death_mid_run(tmp_path, monkeypatch):
     """A config vLLM refuses: its own error in one line, with its log. An engine that dies after its first run:
-    that run's results are kept, the call is marked incomplete."""
+    that run's results are kept, the call is marked incomplete (its folder given relative to the cwd, as the demo
+    gives it)."""
     py = E.vllm_python()
     model = E.target_dir("smollm2-135m")
     base = {"model": model, "dtype": "float32", "seed": 0, "max_model_len": 512, "max_num_seqs": 2,
@@ -131,7 +133,8 @@ def test_engine_refusal_and_death_mid_run(tmp_path):
     assert "\n" not in str(e.value) and "refused.log" in str(e.value)
     runs = [{"name": "ok", "kind": "closed", "batch": 1, "prompts": [[1, 2, 3]], "max_tokens": 4},
             {"name": "dies", "kind": "closed", "batch": 1, "prompts": [[10 ** 9]], "max_tokens": 4}]
-    events, done, log = run_engine(py, dict(base, runs=runs), tmp_path, "dies", timeout_s=600)
+    monkeypatch.chdir(tmp_path)
+    events, done, log = run_engine(py, dict(base, runs=runs), Path("rel"), "dies", timeout_s=600)
     assert not done and log.is_file()
     assert [e["run"] for e in events if e["event"] == "run"] == ["ok"]
     assert [len(e["output_ids"]) for e in events if e["event"] == "request"] == [4]
