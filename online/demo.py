@@ -14,8 +14,8 @@
     tune                 the best shape at each B in replay, merged into a schedule, and its headroom
     export               that schedule as vLLM's speculative_config (the best chain where a tree won)
     vllm-run             that config in the real vLLM engine (when `make vllm` has installed it; --no-vllm
-                         skips it): against no speculation at B = 1 and 4, lossless, acceptance against the
-                         replay of the same prompts (docs/vllm.md)
+                         skips it), beside no speculation and chains of 1 and 2 at B = 1 and 4: lossless,
+                         acceptance and tokens/s against the replay of the same prompts (docs/vllm.md)
 
 Each step is the `draftgym` command printed before it runs; every step resumes or overwrites, so
 running the demo twice is safe, and each step prints its own time. Sizes aim at 15 minutes on a 2-core CPU.
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
         ]
         if not args.no_vllm:
             steps.append(["vllm-run", "--model", args.model, "--head", head, "--dataset", args.datasets.split(",")[0],
-                          "--n-prompts", str(args.test_prompts), "--max-new-tokens", str(args.max_new_tokens), "--k", "0",
+                          "--n-prompts", str(args.test_prompts), "--max-new-tokens", str(args.max_new_tokens), "--k", "0,1,2",
                           "--schedule", str(serving / "vllm_speculative_config.json"), "--batch-sizes", "1,4",
                           "--compare-logs", str(logs), "--out", str(out / "vllm")] + dt)
     print(f"DraftGym demo: {args.model} in {dt[1]}, head {head}, output under {out}/", flush=True)

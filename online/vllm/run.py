@@ -312,11 +312,15 @@ def run_vllm_run_command(cfg: VllmRunConfig) -> int:
             raise DataError(f"cost curve not found: {cfg.cost_curve}")
         if costs.is_file() and costs.read_text().strip():
             rep["cost_curve"] = str(costs)
-            rep["predicted_tokens_per_s"] = predict_closed(cfg, results, configs, ids, dtype, costs)
             loads = {r["name"]: (r["arrivals"], [i % len(ids) for i in range(len(r["arrivals"]))])
                      for r in runs if r["kind"] == "trace"}
-            if loads:
-                rep["predicted_load"] = predict_load(cfg, results, configs, ids, loads, dtype, costs)
+            try:
+                rep["predicted_tokens_per_s"] = predict_closed(cfg, results, configs, ids, dtype, costs)
+                if loads:
+                    rep["predicted_load"] = predict_load(cfg, results, configs, ids, loads, dtype, costs)
+            except DataError as e:                              # e.g. a curve without a speculative row at B = 1
+                rep["prediction_note"] = f"no tokens/s prediction: {e}"
+                print(f"draftgym: note: {rep['prediction_note']}", file=sys.stderr)
     (out / "report.json").write_text(json.dumps(rep, indent=1))
     (out / "report.md").write_text(report_md(rep))
     if cfg.as_json:
