@@ -222,13 +222,17 @@ def summarise(events: list[dict]) -> dict:
 
 def cost_curve_rows(results: dict, configs: list[SpecConfig], runs: list[dict]) -> list[dict]:
     """vllm_steps.jsonl: one row per (B, static k) closed run, profile-import's fields (sglang_import.py), and the
-    prefills of the B = 1 run without speculation (there the i-th prompt is prefilled alone in the i-th joining step)."""
+    prefills of the B = 1 run without speculation (there the i-th prompt is prefilled alone in the i-th joining step),
+    each as its marginal cost: that step less a decode step at B = 1. vLLM runs a joining prompt inside the step
+    that decodes the other requests, so what a join adds to a step is the prompt's work, not a step of its own
+    (charging the whole B = 1 step made the load replay 10-14 % slow at B 10-14; log vllm-cpu 4d)."""
     rows = []
     b1 = next((r for r in runs if r["kind"] == "closed" and r["batch"] == 1), None)
     got = results.get("none", {}).get("runs", {}).get("B1")
-    if b1 and got and len(got["prefill_alone_s"]) == len(b1["prompts"]):
-        rows += [{"prefill_tokens": len(p), "prefill_time": t, "engine": "vllm"}
-                 for p, t in zip(b1["prompts"], got["prefill_alone_s"])]
+    step = (got or {}).get("decode_step_ms", {}).get(1)
+    if b1 and got and step and len(got["prefill_alone_s"]) == len(b1["prompts"]):
+        rows += [{"prefill_tokens": len(p), "prefill_time": t - step / 1e3, "engine": "vllm"}
+                 for p, t in zip(b1["prompts"], got["prefill_alone_s"]) if t > step / 1e3]
     for sc in configs:
         if sc.ranges or sc.name not in results:
             continue

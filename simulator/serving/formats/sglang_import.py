@@ -4,9 +4,9 @@ vllm-steps: the `vllm_steps.jsonl` that `draftgym vllm-run` writes (online/vllm/
 as below, one row per (B, k) it ran: steps = k, topk = 1, num_draft_tokens = k + 1 (0, 0, 0 without
 speculation), acc_length = vLLM's mean acceptance length, step_time = the median of vLLM's decode steps
 with exactly B requests in flight (steps where a request joined are left out); and prefill rows
-{"prefill_tokens": n, "prefill_time": s} (vLLM's step that took one request's n-token prompt alone, at
-B = 1 without speculation), written as `prefill` latency rows (context_len = n) so the load replay
-charges each joining request's prefill as the engine does.
+{"prefill_tokens": n, "prefill_time": s} (what one request's n-token prompt adds to a step: vLLM's step
+that took it alone, at B = 1 without speculation, less a decode step there), written as `prefill`
+latency rows (context_len = n), so the load replay charges each join what it adds to vLLM's step.
 
 The file: the JSONL that sgl-project/sglang's scripts/playground/bench_speculative.py appends, one
 object per (batch_size, steps, topk, num_draft_tokens) it launched a server for (read 2026-11-25,
