@@ -27,9 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="decode one prompt with AR or EAGLE-3 and print the text (with --batch-size: "
                                         "a prompts file at batch B, one JSON line per prompt)")
-    add_model_head(p)
-    head = next(a for a in p._actions if "--head" in a.option_strings)
-    head.help += " (default: 'default', the shipped head, on the embedded target; 'random' on any other)"
+    add_model_head(p, head_default="'default', the shipped head, on the embedded target; 'random' on any other")
     p.add_argument("--prompt", default=None, help="user message (chat template applied) (default: none; give it or "
                                                   "--prompts-file)")
     p.add_argument("--prompts-file", default=None,

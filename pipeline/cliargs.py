@@ -147,10 +147,12 @@ def parse_positive_ints(s: str, name: str, minimum: int = 1) -> tuple[int, ...]:
     return v
 
 
-def add_model_head(p: argparse.ArgumentParser) -> None:
-    """--model and --head, the same on every command that loads a target and a head."""
+def add_model_head(p: argparse.ArgumentParser, head_default: str = "") -> None:
+    """--model and --head, the same on every command that loads a target and a head; head_default: what a command
+    whose Config leaves --head at None does instead (said in words in --help)."""
     p.add_argument("--model", help="target: 'smollm2-135m' (embedded), a HF model directory or a hub id")
-    p.add_argument("--head", help="EAGLE-3 head: 'default' (the shipped one), 'random', a directory or a hub id")
+    p.add_argument("--head", help="EAGLE-3 head: 'default' (the shipped one), 'random', a directory or a hub id"
+                                  + (f" (default: {head_default})" if head_default else ""))
 
 
 def add_split(p: argparse.ArgumentParser) -> None:

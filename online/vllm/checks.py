@@ -1,5 +1,6 @@
 """`draftgym vllm-run`'s checks: outputs against the lossless reference, and DraftGym's own AR.
 
+    same_outputs          one set of outputs against another: identical count, first divergences
     lossless              each speculative run's outputs against the same run without speculation
     classify_divergences  reduced precision: each divergence classified exact / near-tie / mismatch by
                           pipeline/decode/lossless.py's rule (the target's top-2 gap at the first differing
@@ -16,16 +17,16 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def same_outputs(outputs: dict, ref: dict) -> dict:
+    """{index: token ids} against the reference's: {identical, of, first_divergence: {index: k}}."""
+    div = {i: first_divergence(o, ref.get(i, [])) for i, o in outputs.items()}
+    bad = {i: d for i, d in div.items() if d is not None}
+    return {"identical": len(div) - len(bad), "of": len(div), "first_divergence": bad}
+
+
 def lossless(runs: dict, ref: dict) -> dict:
-    """Each run's outputs against the reference config's same run: identical count and first divergences."""
-    out = {}
-    for name, r in runs.items():
-        if name not in ref:
-            continue
-        div = {i: first_divergence(o, ref[name]["outputs"].get(i, [])) for i, o in r["outputs"].items()}
-        bad = {i: d for i, d in div.items() if d is not None}
-        out[name] = {"identical": len(div) - len(bad), "of": len(div), "first_divergence": bad}
-    return out
+    """Each run's outputs against the reference config's same run."""
+    return {name: same_outputs(r["outputs"], ref[name]["outputs"]) for name, r in runs.items() if name in ref}
 
 
 def draftgym_ar(cfg, prompts: list[list[int]], dtype: str) -> list[list[int]]:

@@ -35,8 +35,8 @@ import numpy as np
 
 from pipeline.errors import DataError, DraftGymError
 from online.vllm import env as E
-from online.vllm.checks import classify_divergences, draftgym_ar, first_divergence, lossless
-from online.vllm.compare import compare_replay, predict_closed, predict_load
+from online.vllm.checks import classify_divergences, draftgym_ar, lossless, same_outputs
+from online.vllm.compare import compare_replay, predict_closed, predict_load, prompt_logs, vllm_costs
 
 WARMUP_PROMPTS = 2
 
@@ -158,6 +158,11 @@ def vllm_error(log: Path) -> str:
     return (lines[-1].strip()[:300] if lines else "no output")
 
 
+def read_events(res: Path) -> list[dict]:
+    """The worker's results file, one event a line (none if it never wrote one)."""
+    return [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.is_file() else []
+
+
 def run_engine(py: Path, job: dict, out_dir: Path, name: str, timeout_s: int) -> tuple[list[dict], bool, Path]:
     """Start the worker for one config; return (its result events, complete?, its log). Never raises for an engine
     that died after it was ready: what it wrote is kept and marked partial. A job that already ran to the end in
@@ -166,8 +171,8 @@ def run_engine(py: Path, job: dict, out_dir: Path, name: str, timeout_s: int) ->
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     job_path, res, log = logs / f"{name}.job.json", logs / f"{name}.jsonl", logs / f"{name}.log"
-    if job_path.is_file() and job_path.read_text() == json.dumps(job) and res.is_file():
-        events = [json.loads(x) for x in res.read_text().splitlines() if x.strip()]
+    if job_path.is_file() and job_path.read_text() == json.dumps(job):
+        events = read_events(res)
         if events and events[-1]["event"] == "done":          # the same job ran to the end: reuse it (idempotent)
             return events, True, log
     job_path.write_text(json.dumps(job))
@@ -182,7 +187,7 @@ def run_engine(py: Path, job: dict, out_dir: Path, name: str, timeout_s: int) ->
         except subprocess.TimeoutExpired:
             rc = -9
             lf.write(f"\ndraftgym: the engine ran past --timeout-s {timeout_s} and was stopped\n")
-    events = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.is_file() else []
+    events = read_events(res)
     done = rc == 0 and any(e["event"] == "done" for e in events)
     if not any(e["event"] == "ready" for e in events):
         raise DraftGymError(f"vLLM did not start ({name}): {vllm_error(log)} (log: {log})")
@@ -236,9 +241,9 @@ def cost_curve_rows(results: dict, configs: list[SpecConfig], runs: list[dict]) 
     for sc in configs:
         if sc.ranges or sc.name not in results:
             continue
-        for name, r in results[sc.name]["runs"].items():
-            B = int(name[1:]) if name.startswith("B") and name[1:].isdigit() else None
-            t = r["decode_step_ms"].get(B) if B else None
+        for run in (r for r in runs if r["kind"] == "closed"):
+            B, r = run["batch"], results[sc.name]["runs"].get(run["name"])
+            t = r["decode_step_ms"].get(B) if r else None
             if t is None:
                 continue
             rows.append({"batch_size": B, "steps": sc.k, "topk": 1 if sc.k else 0, "num_draft_tokens": sc.k + 1 if sc.k else 0,
@@ -302,26 +307,25 @@ def run_vllm_run_command(cfg: VllmRunConfig) -> int:
            "prompts": [r.prompt_id for r in kept], "skipped_prompts": skipped,
            "environment": environment_fingerprint("cpu", dtype), "results": results}
     if cfg.check_ar and dtype == "float32" and "B1" in ref:
-        ar = draftgym_ar(cfg, prompts, dtype)
-        div = {i: first_divergence(ar[i], ref["B1"]["outputs"][i]) for i in range(len(prompts))}
-        rep["draftgym_ar_vs_vllm"] = {"identical": sum(d is None for d in div.values()), "of": len(div),
-                                      "first_divergence": {i: d for i, d in div.items() if d is not None}}
+        ar = dict(enumerate(draftgym_ar(cfg, prompts, dtype)))
+        rep["draftgym_ar_vs_vllm"] = same_outputs(ar, ref["B1"]["outputs"])
     curve = cost_curve_rows(results, configs, runs)
     (out / "vllm_steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
     if cfg.compare_logs:
-        ids = [r.prompt_id for r in kept]
-        rep["replay_vs_vllm"] = compare_replay(cfg, results, configs, ids, dtype)
+        logs = prompt_logs(cfg.compare_logs, [r.prompt_id for r in kept], dtype)
+        rep["replay_vs_vllm"] = compare_replay(logs, results, configs)
         costs = Path(cfg.cost_curve) if cfg.cost_curve else out / "vllm_steps.jsonl"
         if cfg.cost_curve and not costs.is_file():
             raise DataError(f"cost curve not found: {cfg.cost_curve}")
         if costs.is_file() and costs.read_text().strip():
             rep["cost_curve"] = str(costs)
-            loads = {r["name"]: (r["arrivals"], [i % len(ids) for i in range(len(r["arrivals"]))])
+            loads = {r["name"]: (r["arrivals"], [i % len(kept) for i in range(len(r["arrivals"]))])
                      for r in runs if r["kind"] == "trace"}
             try:
-                rep["predicted_tokens_per_s"] = predict_closed(cfg, results, configs, ids, dtype, costs)
+                lat = vllm_costs(costs, logs.model, dtype)
+                rep["predicted_tokens_per_s"] = predict_closed(logs, lat, results, configs, cfg.batch_sizes)
                 if loads:
-                    rep["predicted_load"] = predict_load(cfg, results, configs, ids, loads, dtype, costs)
+                    rep["predicted_load"] = predict_load(logs, lat, results, configs, loads, cfg.max_batch)
             except DataError as e:                              # e.g. a curve without a speculative row at B = 1
                 rep["prediction_note"] = f"no tokens/s prediction: {e}"
                 print(f"draftgym: note: {rep['prediction_note']}", file=sys.stderr)

@@ -107,8 +107,13 @@ class Schedule:
         return cls(ranges, **kw)
 
     @classmethod
+    def from_vllm(cls, ranges, **kw) -> "Schedule":
+        """vLLM's num_speculative_tokens_per_batch_size, [[start_bs, end_bs, K], ...], as chains (K = 0: off)."""
+        return cls([(lo, hi, chain(k)) for lo, hi, k in ranges], **kw)
+
+    @classmethod
     def vllm_eagle3_example(cls) -> "Schedule":
-        return cls([(lo, hi, chain(k)) for lo, hi, k in VLLM_EAGLE3_EXAMPLE], meta={"source": "vLLM docs example"})
+        return cls.from_vllm(VLLM_EAGLE3_EXAMPLE, meta={"source": "vLLM docs example"})
 
     @classmethod
     def static(cls, shape, max_batch: int = 1) -> "Schedule":

@@ -84,10 +84,12 @@ def read_bench(path) -> list[dict]:
         raise DataError(f"{path} not found")
     rows = []
     for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if not line.strip() or '"prefill_tokens"' in line:
+        if not line.strip():
             continue
         try:
             r = json.loads(line)
+            if isinstance(r, dict) and "prefill_tokens" in r:      # a vllm-steps prefill row: read_prefill's
+                continue
             missing = [k for k in FIELDS if k not in r]
             if missing:
                 raise ValueError(f"missing {', '.join(missing)}")

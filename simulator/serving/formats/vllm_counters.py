@@ -20,26 +20,18 @@ from simulator.serving import shapes as S
 from simulator.serving.replay import ShapeTable
 
 
-def chain_counters(logs, k: int, prompt_ids=None) -> dict:
-    """vLLM's counters for a static chain of k drafts over the logged sequences (those of `prompt_ids`, in
-    any order, when given): {num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos,
-    mean_acceptance_length, acceptance_per_pos, sequences}."""
+def chain_counters(logs, k: int) -> dict:
+    """vLLM's counters for a static chain of k drafts over every logged sequence: {num_drafts, num_draft_tokens,
+    num_accepted_tokens, num_accepted_tokens_per_pos, mean_acceptance_length, acceptance_per_pos, sequences}."""
     if k < 1:
         raise DataError(f"a chain needs k >= 1 drafts, got {k}")
     shape = S.chain(k)
     if not S.replayable(logs, shape):
         raise DataError(f"the logs cannot replay chain:{k} (collect them with --widths 1 and --max-depth >= {k})")
-    seqs = np.arange(logs.n_sequences)
-    if prompt_ids is not None:
-        where = {str(p): i for i, p in enumerate(logs.prompt_id.tolist())}
-        missing = [p for p in prompt_ids if str(p) not in where]
-        if missing:
-            raise DataError(f"{len(missing)} prompts are not in the logs, e.g. {missing[0]}")
-        seqs = np.array([where[str(p)] for p in prompt_ids], np.int64)
     table = ShapeTable(logs, [shape])
     per_pos = np.zeros(k, np.int64)
     drafts = 0
-    for s in seqs:
+    for s in range(logs.n_sequences):
         p, end = 0, int(logs.new_tokens[s]) - 1
         while p < end:
             L = int(table.accepted([logs.offsets[s] + p], 0)[0])
@@ -48,7 +40,7 @@ def chain_counters(logs, k: int, prompt_ids=None) -> dict:
             p += L + 1
     acc = int(per_pos.sum())
     return {"num_drafts": drafts, "num_draft_tokens": drafts * k, "num_accepted_tokens": acc,
-            "num_accepted_tokens_per_pos": per_pos.tolist(), "sequences": int(len(seqs)),
+            "num_accepted_tokens_per_pos": per_pos.tolist(), "sequences": int(logs.n_sequences),
             **spec_figures({"num_drafts": drafts, "num_accepted_tokens": acc, "num_accepted_tokens_per_pos": per_pos})}
 
 
