@@ -300,18 +300,14 @@ class HeadConvertConfig:
 
 def converted_config(d: Path) -> tuple[dict, dict]:
     """(config.json as it is, as `save_head` would write it now). The weights are not read or touched."""
-    raw = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else None
-    if not isinstance(raw, dict):
-        raise DraftGymError(f"head directory {d} has no readable config.json")
-    cfg = _read_config(d)
+    cfg = _read_config(d)                 # a missing or corrupt config.json is its one-line error
+    raw = json.loads((d / "config.json").read_text())
     new = {k: v for k, v in raw.items() if k not in ("norm_output", "lm_head_norm")} | cfg.to_json()
     return raw, new | {"torch_dtype": raw.get("torch_dtype", cfg.torch_dtype)}
 
 
 def run_head_convert_command(cfg: HeadConvertConfig) -> int:
     d = resolve_head_dir(cfg.head)
-    if not d.is_dir():
-        raise DraftGymError(f"head directory not found: {cfg.head}")
     old, new = converted_config(d)
     if not new.get("lm_head_norm", True):
         print(f"draftgym: note: {d}: lm_head reads the un-normed state (lm_head_norm: false); no engine "
