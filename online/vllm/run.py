@@ -278,6 +278,10 @@ def run_vllm_run_command(cfg: VllmRunConfig) -> int:
             skipped.append({"prompt_id": r.prompt_id, "error": str(e)})
     if not prompts:
         raise DataError(f"every prompt of {cfg.dataset} was refused, e.g. {skipped[0]['error']}")
+    # what the comparisons read is checked before any engine starts: the logs of these prompts, the cost curve
+    logs = prompt_logs(cfg.compare_logs, [r.prompt_id for r in kept], dtype) if cfg.compare_logs else None
+    if cfg.cost_curve and not Path(cfg.cost_curve).is_file():
+        raise DataError(f"cost curve not found: {cfg.cost_curve}")
     configs = spec_configs(cfg, hdir)
     runs = make_runs(cfg, prompts)
     out = Path(cfg.out).resolve()
@@ -311,12 +315,9 @@ def run_vllm_run_command(cfg: VllmRunConfig) -> int:
         rep["draftgym_ar_vs_vllm"] = same_outputs(ar, ref["B1"]["outputs"])
     curve = cost_curve_rows(results, configs, runs)
     (out / "vllm_steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
-    if cfg.compare_logs:
-        logs = prompt_logs(cfg.compare_logs, [r.prompt_id for r in kept], dtype)
+    if logs is not None:
         rep["replay_vs_vllm"] = compare_replay(logs, results, configs)
         costs = Path(cfg.cost_curve) if cfg.cost_curve else out / "vllm_steps.jsonl"
-        if cfg.cost_curve and not costs.is_file():
-            raise DataError(f"cost curve not found: {cfg.cost_curve}")
         if costs.is_file() and costs.read_text().strip():
             rep["cost_curve"] = str(costs)
             loads = {r["name"]: (r["arrivals"], [i % len(kept) for i in range(len(r["arrivals"]))])

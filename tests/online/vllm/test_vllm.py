@@ -106,6 +106,15 @@ def test_vllm_not_installed_names_the_target(monkeypatch, capsys):
     assert "\n" not in err and "make vllm" in err
 
 
+def test_missing_logs_or_cost_curve_fail_before_any_engine(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli(["vllm-run", "--k", "0", "--compare-logs", str(tmp_path / "no-logs"), "--out", str(out)]) == 2
+    assert cli(["vllm-run", "--k", "0", "--cost-curve", str(tmp_path / "no.jsonl"), "--out", str(out)]) == 2
+    errs = capsys.readouterr().err.strip().splitlines()
+    assert len(errs) == 2 and "no-logs" in errs[0] and "cost curve not found" in errs[1]
+    assert not (out / "logs").exists()                           # no engine was started
+
+
 def test_legacy_head_is_refused_before_vllm_reads_it_wrong(tmp_path, capsys):
     head = tmp_path / "head"
     head.mkdir()
