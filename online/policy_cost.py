@@ -102,7 +102,7 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
                      "device_type": base["device_type"], "model_id": model, "head_id": base["head_id"],
                      "dtype": base["dtype"], "op": f"policy:{key}", "width": 0, "verify_size": 0, "context_len": 0,
                      "batch": 1, **stats, "env_json": env})
-        out[key] = stats["mean"]            # what the latency model charges (its default point: the mean)
+        out[key] = stats["mean"]            # a policy cell is its own op: the robust point is its mean
     from pipeline.profiling.profile import write_profile
 
     # next to the profile's own file (pipeline.profiling.profile), so every latency reader finds it

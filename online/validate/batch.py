@@ -28,6 +28,10 @@ Metrics (defined once, per B and method):
                         profile at B; error = (replayed - held-B decode) / held-B decode. Needs a
                         profile taken with `draftgym profile --batch-sizes` and, for chains,
                         width-1 logs; what cannot be replayed gets a note instead.
+  clock on its steps    with --logs: the clock's price of the device's own held-window steps (each
+                        at its shape, B and step context) against their measured time, controller
+                        calls left out (online/validate/sim_vs_real.py step_cost): the clock's share
+                        of the replay error, the rest being the replay's path (its acceptance)
 
 Written to --out: report.json, report.md, tokens_per_s_vs_batch.png and the step table
 (pipeline/logs/schema.py BATCH_STEPS) under <out>/batch_steps/, one file per (dataset, B).
@@ -138,15 +142,19 @@ def per_request_tokens_per_s(res) -> list[float]:
     return out
 
 
-def held_window(res) -> dict:
-    """The leading steps while the batch is full (module docstring): batch, steps, tokens, seconds."""
+def held_steps(res) -> list:
+    """The leading steps while the batch is full (module docstring)."""
     if not res.steps:
-        return {"batch": 0, "steps": 0, "tokens": 0, "seconds": 0.0}
+        return []
     B = res.steps[0].batch_size
-    k = next((i for i, s in enumerate(res.steps) if s.batch_size != B), len(res.steps))
-    steps = res.steps[:k]
-    return {"batch": B, "steps": k, "tokens": sum(s.emitted_sum for s in steps),
-            "seconds": sum(s.t_step for s in steps)}
+    return res.steps[:next((i for i, s in enumerate(res.steps) if s.batch_size != B), len(res.steps))]
+
+
+def held_window(res) -> dict:
+    """The held window's batch, steps, tokens and seconds."""
+    steps = held_steps(res)
+    return {"batch": steps[0].batch_size if steps else 0, "steps": len(steps),
+            "tokens": sum(s.emitted_sum for s in steps), "seconds": sum(s.t_step for s in steps)}
 
 
 def generation_figures(res) -> dict:
@@ -177,6 +185,7 @@ class Cell:
 
     figures: list[dict] = field(default_factory=list)
     verdicts: list = field(default_factory=list)        # (run, request, LosslessVerdict)
+    held: list = field(default_factory=list)            # every run's held-window StepRecords (the clock's cost)
 
 
 def run_dataset(cfg: ValidateConfig, recs, prompts: list[list[int]], engine, methods: list[Method],
@@ -202,6 +211,7 @@ def run_dataset(cfg: ValidateConfig, recs, prompts: list[list[int]], engine, met
     for (r, k, name), res in results.items():
         B = cfg.batch_sizes[k]
         cells[B][name].figures.append(generation_figures(res))
+        cells[B][name].held += held_steps(res)
         rows[B] += step_table_rows(res, name, r, [recs[i].prompt_id for i in queues[k]], dev)
     for name, r, k, j, _, v in verdicts:
         cells[cfg.batch_sizes[k]][name].verdicts.append((r, j, v))
@@ -251,13 +261,17 @@ def _label(shape) -> str:
 
 # ---------------------------------------------------------------------------------- the simulator's side
 
-def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Method], by_batch: dict) -> dict:
+def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Method], by_batch: dict,
+                cells: dict) -> dict:
     """Replayed tokens/s of a closed batch at each B against the held-B decode tokens/s measured
     (module docstring), once per clock: clocks = {suffix: LatencyModel} ("" for the report's main
     columns). Adds `replayed_tokens_per_s<suffix>` and `replay_rel_error<suffix>` per clock, and
     `replayed_tau` and `replay_tau_rel_error` (the replay's tau against the device's over the same
-    held-B window; no clock changes it) to by_batch's rows; returns the notes of what could not be
-    replayed."""
+    held-B window; no clock changes it) to by_batch's rows, and `cost_rel_error<suffix>`: the clock's
+    price of the device's own held-window steps against their measured time (online/validate/
+    sim_vs_real.py step_cost: the clock's share of the error); returns the notes of what could not
+    be replayed."""
+    from online.validate.sim_vs_real import step_cost
     from simulator.serving import shapes as S
     from simulator.serving.replay import ShapeTable, closed_batch
 
@@ -286,6 +300,8 @@ def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Met
             except DataError as e:
                 notes.setdefault("batch", {})[str(B)] = str(e)
                 break
+            for m in methods:
+                by_batch[str(B)][m.name]["cost_rel_error" + suffix] = step_cost(cells[B][m.name].held, lat)["rel_error"]
             for name, s in ok.items():
                 row = by_batch[str(B)][name]
                 sim = float(res["tokens_per_s"][shapes.index(s)])
@@ -356,9 +372,11 @@ def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
               "replay_note": replay_note, "datasets": {}, "command": " ".join(sys.argv)}
     encoded = {ds: [encode_prompt(target.tokenizer, list(r.messages)) for r in prompt_sets[ds]] for ds in cfg.datasets}
     slices = interleave_slices(cfg, methods, engine, target.tokenizer, encoded) if logs is not None else None
+    all_cells = {}
     for ds in cfg.datasets:
         recs, prompts = prompt_sets[ds], encoded[ds]
         cells, paths = run_dataset(cfg, recs, prompts, engine, methods, run_id, dev, progress, between=slices)
+        all_cells[ds] = cells
         by_batch = summarize_cells(cells, methods, recs)
         counts = summarize_verdicts([v for c in cells.values() for cell in c.values() for *_, v in cell.verdicts])
         report["datasets"][ds] = {
@@ -375,7 +393,7 @@ def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
             clocks = {"": local, "_logs_profile": lat}
         for ds in cfg.datasets:
             e = report["datasets"][ds]
-            e["replay"] = replay_side(cfg, logs, clocks, prompt_sets[ds], methods, e["by_batch"])
+            e["replay"] = replay_side(cfg, logs, clocks, prompt_sets[ds], methods, e["by_batch"], all_cells[ds])
     report["wall_s"] = time.perf_counter() - t_start
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

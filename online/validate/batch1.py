@@ -60,9 +60,27 @@ class SimSide:
     note: str | None = None               # why there is no sim-vs-real (T > 0 without logs at T), else None
     local: dict = field(default_factory=dict)   # dataset -> (clock rescaled to the speed seen while it
                                                 # decoded, (factor, cells)); --profile-interleave only
+    clock_root: str | None = None         # the logs root holding `clock`'s profile (its id in clock.meta)
+    at_points: dict = field(default_factory=dict)   # dataset -> {point: clock}: clocks_at_points' cache
 
     def grid_best(self, ds: str) -> tuple:
         return self.grid.get(ds, self.grid["all"])
+
+    def clocks_at_points(self, ds: str) -> dict:
+        """{point: dataset ds's sim-vs-real clock with its cells priced at that statistic}
+        (simulator/latency/estimate.py; rescaled like the clock under --profile-interleave); {} for a
+        clock not read from a profile (no clock_root)."""
+        if self.clock_root is None:
+            return {}
+        if ds not in self.at_points:
+            from simulator.latency.estimate import POINTS
+            from simulator.latency.model import LatencyModel
+
+            meta, local = self.clock.meta, self.local.get(ds)
+            at = {p: LatencyModel.from_logs(self.clock_root, model=meta["model_id"], profile=meta["profile_id"],
+                                            device=meta["device"], dtype=meta["dtype"], point=p) for p in POINTS}
+            self.at_points[ds] = {p: lat.scaled(local[1][0]) if local else lat for p, lat in at.items()}
+        return self.at_points[ds]
 
 
 class InterleavedProfile:
@@ -185,7 +203,7 @@ def simulator_side(cfg: ValidateConfig, logs, source, note, engine, tokenizer, d
         gs = grid_search_parts((grid_part(c, tune, lat, space) for c in source.chunks(budget, "grid search", scores=False)),
                                space)
     grid = {d: tuple(v["config"]) for d, v in gs["by_dataset"].items()}
-    return SimSide(logs=logs, lat=lat, clock=lat, grid=grid, note=note), interleave
+    return SimSide(logs=logs, lat=lat, clock=lat, grid=grid, note=note, clock_root=str(lat_root)), interleave
 
 
 def validate_dataset(cfg: ValidateConfig, ds: str, recs, engine, tokenizer, sim: SimSide | None, labels,
@@ -244,6 +262,7 @@ def pool_interleaved_profile(cfg: ValidateConfig, sim: SimSide, interleave: Inte
     copy_policy_rows(cfg.out, cfg.model, report["profile_first"]["profile_id"], info["profile_id"])
     sim.clock = LatencyModel.from_logs(cfg.out, model=sim.logs.model, device=dev, profile=info["profile_id"],
                                        dtype=dtype)
+    sim.clock_root = str(cfg.out)
     sim.local = {ds: (sim.clock.scaled(sf[0]), sf) for ds in cfg.datasets
                  if (sf := sampler.speed_factor(ds)) is not None}
     report["profile_interleave"] = {"profile_id": info["profile_id"], "rounds": info["rounds"],

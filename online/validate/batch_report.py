@@ -6,7 +6,7 @@ from pathlib import Path
 
 HEADER = ("| method | shape | tokens/s (mean ± std over runs) | per-request tokens/s | x AR | tau | drafts/step | "
           "lossless (exact / near-tie / mismatch) | held-B decode tokens/s | replayed tokens/s | replay error | "
-          "replayed tau (error) |")
+          "replayed tau (error) | clock on its steps |")
 
 
 SECOND = " replayed tokens/s, the logs' profile | its error |"
@@ -24,7 +24,7 @@ def method_row(name: str, s: dict, second: bool = False) -> str:
             f"{_num(s['per_request_tokens_per_s'])} | {_num(s['speedup_vs_ar'])} | {_num(s['tau'])} | "
             f"{_num(s['drafts_per_step'])} | {lossless} | {_num(s['held_decode_tokens_per_s'])} | "
             f"{_num(s.get('replayed_tokens_per_s'))} | {pct(s.get('replay_rel_error'))} | "
-            f"{_num(s.get('replayed_tau'))} ({pct(s.get('replay_tau_rel_error'))}) |"
+            f"{_num(s.get('replayed_tau'))} ({pct(s.get('replay_tau_rel_error'))}) | {pct(s.get('cost_rel_error'))} |"
             + (f" {_num(s.get('replayed_tokens_per_s_logs_profile'))} | {pct(s.get('replay_rel_error_logs_profile'))} |"
                if second else ""))
 

@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from online.adapters.chooser import ChooserController
+from online.validate.sim_vs_real import step_cost
 from online.validate.speedbench import Call, run_calls
 from online.validate.common import ValidateConfig, check_config, load_prompt_sets
 from pipeline.decode.lossless import summarize_verdicts
@@ -162,23 +163,6 @@ def device_figures(res, name: str) -> dict:
     return {**M.summarize(device_result(res, name)), "wall_tokens_per_s": res.new_tokens / wall if wall > 0 else 0.0,
             "prefill_share": res.prefill_s / wall if wall > 0 else 0.0, "idle_skipped_s": res.idle_s,
             "graph_captures": res.captures}
-
-
-def step_cost(steps, lat) -> dict:
-    """The profile's price of the device's own steps against their measured engine time (module
-    docstring, "Cost and path"): {"rel_error": over all steps, "by_batch": {B: over the steps at B}}."""
-    if not steps:
-        return {"rel_error": None, "by_batch": {}}
-    col = lambda f, dt=np.int64: np.array([f(s) for s in steps], dt)
-    B, D, W, V = col(lambda s: s.batch_size), col(lambda s: s.depth), col(lambda s: s.width), col(lambda s: s.verify_size)
-    measured = col(lambda s: s.t_step - s.t_controller, np.float64)
-    priced = np.zeros(len(steps))
-    for b in np.unique(B):                       # one call per B: its steps' contexts are one [n, B] array
-        m = B == b
-        c = lat.step_context(np.array([s.context_lens for s, on in zip(steps, m) if on], np.float64))
-        priced[m] = lat.t_step(D[m], W[m], V[m], c, batch=int(b))
-    err = lambda m: PM.rel_error(float(priced[m].sum()), float(measured[m].sum()))
-    return {"rel_error": err(np.ones(len(steps), bool)), "by_batch": {int(b): err(B == b) for b in np.unique(B)}}
 
 
 # ---------------------------------------------------------------------------------- the replay

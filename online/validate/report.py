@@ -105,6 +105,7 @@ def write_markdown(rep: dict, out: Path) -> None:
                 lines.append(f"| {name} | " + " | ".join(
                     f"{c['sim'].get(k, float('nan')):.1f} / {c['real'].get(k, float('nan')):.1f}"
                     for k in ("draft", "verify", "policy", "overhead")) + " |")
+            lines += clock_lines(svr, pct)
             if svr.get("reanchored", {}).get("note"):
                 lines.append(f"\n(re-anchored sim-vs-real: {svr['reanchored']['note']})")
             if svr.get("missing_prompts"):
@@ -134,3 +135,26 @@ def write_markdown(rep: dict, out: Path) -> None:
         lines += ["![sim vs real](sim_vs_real.png)", ""]
     lines.insert(header_len, "![speedup](speedup.png)\n")
     (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def clock_lines(svr: dict, pct) -> list[str]:
+    """The clock alone (online/validate/sim_vs_real.py): decoding's own cycles priced by the clock, and the
+    raw tokens/s error with the cells priced at each statistic."""
+    lines = ["", "The clock on decoding's own cycles (each cycle priced at its D, W, V, c; error = (priced - "
+             "measured) / measured):", "", "| method | cycles | step | draft | verify | verify by V |", "|---|---|---|---|---|---|"]
+    for name, s in svr["methods"].items():
+        c = s.get("cost") or {}
+        if c:
+            by_v = ", ".join(f"{v}: {pct(e)}" for v, e in c["verify_by_V"].items())
+            lines.append(f"| {name} | {c['cycles']} | {pct(c['step'])} | {pct(c['draft'])} | {pct(c['verify'])} | {by_v} |")
+    bp = svr.get("by_point")
+    if bp and any(bp.values()):
+        names = list(next(iter(bp.values())))
+        lines += ["", "Raw decode tokens/s error by the cell statistic the clock prices (simulator/latency/estimate.py; "
+                  "the first is the default):", "", "| point | " + " | ".join(names) + " | mean abs |",
+                  "|---" * (len(names) + 2) + "|"]
+        for p, errs in bp.items():
+            vals = [errs.get(n) for n in names]
+            mae = sum(abs(v) for v in vals if v is not None) / max(1, sum(v is not None for v in vals))
+            lines.append(f"| {p} | " + " | ".join(pct(v) for v in vals) + f" | {100 * mae:.1f}% |")
+    return lines

@@ -16,8 +16,8 @@ Cycle time (what the env charges; docs/design.md, "Vocabulary"):
     t_cycle = D * t_draft(W, c) + t_verify(V_eff, c) + n_calls * t_policy + t_overhead(c)
     V_eff   = min(V, 1 + W + (D-1) W^2)      (the engine clamps V to 1 + pool size)
 
-Interpolation (simulator.latency.surface). For one op, the measured means (the `point` statistic;
-see from_rows) form a `Surface` over (x, c) with x = W (draft), V (verify) or nothing (overhead):
+Interpolation (simulator.latency.surface). For one op, the priced cell values (the `point` statistic,
+simulator/latency/estimate.py) form a `Surface` over (x, c) with x = W (draft), V (verify) or nothing (overhead):
 piecewise linear in x at each measured context level, then linear between context levels, flat
 beyond the measured ranges; exact at every measured point. `fit_report()` measures how well it
 predicts points it did not see (leave-one-out over interior points), the honest error bar (Vidur's
@@ -77,6 +77,7 @@ from pipeline.errors import DataError
 from pipeline.logs.schema import read_table, table_files
 from pipeline.profiling.trust import drop_suspects, suspects_line, trusted_out
 from simulator.latency import diagnostics as latency_diagnostics
+from simulator.latency.estimate import DEFAULT_POINT, POINTS, with_point
 from simulator.latency.batch import BATCH_INTERP, X_KEY, batch_levels, interp_batch, row_batch, row_buckets
 from simulator.latency.surface import Z90, Surface, surface_of, two_piece
 
@@ -248,7 +249,7 @@ class LatencyModel:
     # ---- constructors
     @classmethod
     def from_rows(cls, rows, model: str | None = None, profile: str | None = None,
-                  point: str = "mean", device: str | None = None, dtype: str | None = None,
+                  point: str = DEFAULT_POINT, device: str | None = None, dtype: str | None = None,
                   batch_interp: str = "linear", trust: bool = False) -> "LatencyModel":
         """rows: a pyarrow Table or list of dicts with LATENCY columns. Rows without a `batch` (or with
         batch 0) are batch 1; the chosen profile's B > 1 rows become the levels interpolated in B
@@ -258,16 +259,15 @@ class LatencyModel:
         with an fp32 profile would be a different machine). A profile whose rows mix dtypes is
         refused with a one-line error, whatever is asked.
 
-        point: the measured statistic the model predicts (its central value). "mean" (default): the
-        expected time, which is what a throughput (tokens / total time) integrates; on a CPU the
-        in-situ verify times are right-skewed (mean 5-7 % above the median), so medians would make
-        every method look faster than it is. "median" for robust comparisons of profiles.
+        point: the cell statistic the model prices (simulator/latency/estimate.py): "robust"
+        (default: each cell's median times its op's typical mean / median, so a few far samples in
+        one cell cannot move its price), "mean" or "median".
 
         trust: leave the profile's suspect cells out (pipeline/profiling/trust.py: a wild spread, or
         dearer than a larger V or B); meta["suspect"] names them and meta["trust_note"] says it in
         one line (tune, serve-eval and train-load print it)."""
-        if point not in ("mean", "median"):
-            raise ValueError(f"point must be 'mean' or 'median', got {point!r}")
+        if point not in POINTS:
+            raise ValueError(f"point must be one of {', '.join(POINTS)}, got {point!r}")
         if batch_interp not in BATCH_INTERP:
             raise ValueError(f"batch_interp must be one of {', '.join(BATCH_INTERP)}, got {batch_interp!r}")
         if hasattr(rows, "to_pylist"):
@@ -310,6 +310,7 @@ class LatencyModel:
         suspects = trusted_out(rows + wide) if trust else []
         if suspects:
             rows, wide = drop_suspects(rows, suspects), drop_suspects(wide, suspects)
+        rows, wide = with_point(rows, point), with_point(wide, point)
         by = {op: [r for r in rows if r["op"] == op] for op in OPS}
         for op in ("draft_step", "verify"):
             if not by[op]:
@@ -338,7 +339,7 @@ class LatencyModel:
 
     @classmethod
     def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None,
-                  point: str = "mean", device: str | None = None, dtype: str | None = None,
+                  point: str = DEFAULT_POINT, device: str | None = None, dtype: str | None = None,
                   batch_interp: str = "linear", trust: bool = False) -> "LatencyModel":
         """All latency shards under <root>/latency (any partitioning), checked reads. An object-store root:
         its latency table mirrored locally (only that table)."""

@@ -155,6 +155,11 @@ def test_validate_profile_interleave(tmp_path, tiny_model_dir, tiny_logs, radar_
     assert 1 + st["tokens_per_s_rel_error"] == pytest.approx((1 + st["tokens_per_s_rel_error_pooled"]) / f, rel=1e-6)
     assert "tokens_per_s_rel_error_pooled" in svr["ar"]
     assert "tok/s error, pooled" in (out / "report.md").read_text()
+    # the clock alone: each method's own cycles priced by the clock, and the error at every cell statistic
+    assert st["cost"]["cycles"] >= 1 and st["cost"]["step"] > -1 and list(st["cost"]["verify_by_V"]) == ["60"]   # (8, 10, 60)
+    assert set(svr["by_point"]) == {"robust", "mean", "median"}
+    assert svr["by_point"]["robust"]["static"] == pytest.approx(st["tokens_per_s_rel_error"])   # the default point
+    assert "The clock on decoding's own cycles" in (out / "report.md").read_text()
     from pipeline.logs.schema import read_table, table_files
     n = {}
     for f in table_files(out, "latency"):
@@ -198,10 +203,10 @@ def test_validate_refuses_logs_without_the_static_default_width(tmp_path):
 
 
 def test_step_cost_prices_the_devices_own_steps():
-    """validate --load-trace's cost error (online/validate/load.py step_cost): each step priced by the
+    """validate --load-trace's cost error (online/validate/sim_vs_real.py step_cost): each step priced by the
     profile at its own shape, B and step context (the longest row's), against t_step less
     t_controller; per B and over all steps, by hand."""
-    from online.validate.load import step_cost
+    from online.validate.sim_vs_real import step_cost
     from pipeline.decode.controller import StepRecord
     from simulator.latency.model import LatencyModel
     from tests.simulator.inputs.test_latency_batch import hand_rows
@@ -222,6 +227,33 @@ def test_step_cost_prices_the_devices_own_steps():
     assert out["by_batch"][2] == pytest.approx((tb + tc) / (tb + 0.8 * tc) - 1)     # the controller's 0.5 s left out
     assert out["rel_error"] == pytest.approx((ta + tb + tc) / (1.25 * ta + tb + 0.8 * tc) - 1)
     assert step_cost([], lat) == {"rel_error": None, "by_batch": {}}
+
+
+def test_cycle_cost_compares_the_profile_with_decodings_own_cycles():
+    """Batch-1 sim-vs-real's clock alone (online/validate/sim_vs_real.py cycle_cost): cycles measured at
+    exactly the profile's cells price at 0 error (the controller's time left out of the step); a cycle
+    whose verify ran 1.2x its cell shows in that V's error alone, by hand."""
+    from online.validate.sim_vs_real import cycle_cost
+    from pipeline.decode.controller import CycleRecord
+    from simulator.latency.model import LatencyModel
+    from tests.simulator.inputs.test_latency_batch import hand_rows
+
+    lat = LatencyModel.from_rows(hand_rows())
+
+    def cyc(D, W, V, c, slow=1.0, ctrl=0.0):
+        td, tv = D * float(lat.t_draft(W, c)), slow * float(lat.t_verify(V, c))
+        return CycleRecord(step=0, batch_size=1, depth=D, width=W, verify_size=V, accepted=0, emitted=1, context_len=c,
+                           t_draft=td, t_verify=tv, t_controller=ctrl, t_cycle=td + tv + float(lat.t_overhead(c)) + ctrl)
+
+    clean = [cyc(3, 4, 8, 100, ctrl=0.01), cyc(2, 1, 3, 250)]
+    out = cycle_cost(clean, lat)
+    assert out["cycles"] == 2 and all(abs(out[k]) < 1e-9 for k in ("step", "draft", "verify"))
+    slow = cycle_cost(clean + [cyc(2, 4, 8, 180, slow=1.2)], lat)
+    assert slow["verify_by_V"][3] == pytest.approx(0.0, abs=1e-9)
+    assert slow["verify_by_V"][8] < 0 and slow["draft"] == pytest.approx(0.0, abs=1e-9)
+    tv = [float(lat.t_verify(8, c)) for c in (100, 180)]
+    assert slow["verify_by_V"][8] == pytest.approx(sum(tv) / (tv[0] + 1.2 * tv[1]) - 1)
+    assert cycle_cost([], lat) == {}
 
 class CountingEngine:
     """Records every generation (method, batch, requests' prompts, max_new, arrivals)."""

@@ -125,6 +125,7 @@ def test_validate_batch_sizes_end_to_end(tmp_path, tiny_model_dir, batch_logs, c
             assert s["tokens_per_s"] > 0 and s["per_request_tokens_per_s"] > 0 and s["tau"] >= 1.0
             assert s.get("replayed_tokens_per_s", 0) > 0 and s["replay_rel_error"] is not None, (name, e["replay"])
             assert s["replay_tau_rel_error"] == pytest.approx(0.0, abs=1e-12), (B, name)   # fp32: exact per row
+            assert s["cost_rel_error"] > -1, (B, name)          # the clock on the device's own held-window steps
         assert [by[n]["drafts_per_step"] for n in ("ar", "tree:3,10,10", "chain:2")] == [0.0, 9.0, 2.0]
         steps = pq.read_table(e["step_tables"][B]).to_pylist()
         assert {r["method"] for r in steps} == set(rep["methods"]) and {r["run"] for r in steps} == {0, 1}
