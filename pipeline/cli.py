@@ -254,6 +254,8 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=COUNT, help="timed rounds of the shapes per (batch size, context) generation (and timed calls, --isolated)")
     p.add_argument("--rounds", type=COUNT, help="passes through the whole (batch size, context) grid, --repeats each: "
                         "more than 1 spreads every cell's samples over the profile's time, for a machine whose speed drifts")
+    p.add_argument("--top-ups", type=NON_NEGATIVE, help="up to this many times, run once more each (batch size, context) whose cells "
+                        "know their median to worse than 3 %% (size each cell's samples by its spread; 0: never)")
     p.add_argument("--isolated", action="store_true",
                    help="also time the bare ops in a tight loop (ops verify_isolated / draft_isolated)")
     p.add_argument("--batch-sizes", help="comma-separated batch sizes B: draft_step, verify, overhead and policy rows at each B "

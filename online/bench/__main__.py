@@ -14,6 +14,9 @@ and roughly where does this machine stand":
     collect  positions logged per second against online EAGLE-3 tokens/s (starts Ray)
     scale    logs of 100k positions: writing, streamed evaluate (every baseline), LTD PPO from the replay
              window, with disk per position and peak RSS (online/bench/scale.py: its docstring runs 2M)
+    fidelity the replay's decode tokens/s against real decoding, per method, on held-out prompts, in
+             fp32 and bf16: B = 1, closed batches B = 4 and 16, a load trace (online/bench/fidelity.py;
+             the longest, 25-30 min on a 2-core CPU)
     batch    optional (not in the default --only): tokens/s of the batched engine at B = 1 and 4 for AR,
              chain 2 and the (8, 10, 60) tree on 4 prompts of 16 tokens (online/bench/batch.py, whose
              docstring gives the full-size command)
@@ -31,14 +34,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-BENCHES = ("engine", "env", "ltd", "collect", "scale", "batch")
-DEFAULT_BENCHES = ("engine", "env", "ltd", "collect", "scale")   # batch is optional: --only ...,batch
+BENCHES = ("engine", "env", "ltd", "collect", "scale", "fidelity", "batch")
+DEFAULT_BENCHES = ("engine", "env", "ltd", "collect", "scale", "fidelity")   # batch is optional: --only ...,batch
 
 
 @dataclass
 class BenchConfig:
     """`python -m online.bench` settings."""
-    only: str = ",".join(DEFAULT_BENCHES)   # comma-separated subset of engine, env, ltd, collect, batch
+    only: str = ",".join(DEFAULT_BENCHES)   # comma-separated subset of BENCHES
     out: str = "data/reports/bench"     # folder for each benchmark's JSON and summary.md
     n_prompts: int = 3                  # prompts of the engine and collection benchmarks
     max_new_tokens: int = 64            # new tokens per prompt (engine, collection)
@@ -138,6 +141,25 @@ def bench_scale(cfg: BenchConfig, out: Path) -> list[tuple]:
              f"{e['seconds']} ({e['positions_per_s']:,}, {e['peak_rss_gb']})", "numpy"),
             ("scale", f"LTD PPO {t['steps']:,} steps from a window: steps/s (peak RSS GB)",
              f"{t['steps_per_s']:,} ({t['peak_rss_gb']})", "numpy")]
+
+
+def bench_fidelity(cfg: BenchConfig, out: Path) -> list[tuple]:
+    path = out / "fidelity.json"
+    _run("online.bench.fidelity", ["--n-prompts", str(cfg.n_prompts), "--train-prompts", str(cfg.n_prompts),
+                                   "--max-new-tokens", str(cfg.max_new_tokens), "--work", str(out / "fidelity"),
+                                   "--out", str(path)])
+    r = json.loads(path.read_text())
+    rows = []
+    for run in r["runs"]:
+        s = run["summary"]
+        if not s["rows"]:
+            rows.append(("fidelity", "replayed against real decode tokens/s", "no rows (see fidelity.json)", run["dtype"]))
+            continue
+        per = "; ".join(f"{k} {100 * v['mean_abs']:.1f} %" for k, v in run["by_setting"].items())
+        rows.append(("fidelity", "replayed against real decode tokens/s: mean |error| (max; rows within 10 %)",
+                     f"{100 * s['mean_abs']:.1f} % ({100 * s['max_abs']:.1f} %; {s['within_10pct']}/{s['rows']}); {per}",
+                     run["dtype"]))
+    return rows
 
 
 def summary_table(rows: list[tuple], device: str) -> str:

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import metrics as PM
-from online.validate.common import ValidateConfig, check_config, load_prompt_sets, print_report
+from online.validate.common import ValidateConfig, check_config, load_prompt_sets, load_replay, print_report
 from online.validate.batch_report import write_batch_markdown
 from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
@@ -312,23 +312,6 @@ def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Met
                     tau = float(res["tau"][shapes.index(s)])
                     row["replayed_tau"], row["replay_tau_rel_error"] = tau, PM.rel_error(tau, row["held_tau"])
     return notes
-
-
-def load_replay(cfg: ValidateConfig, dev: str, dtype: str, prompt_ids: list[str]):
-    """(acceptance logs, latency model, note): both None with a note when the logs cannot be replayed
-    (logs larger than --max-positions-in-memory: a window plus the sequences of `prompt_ids`)."""
-    if not cfg.logs:
-        return None, None, "no --logs: no replayed tokens/s"
-    from online.validate.common import load_acceptance_logs
-    from simulator.latency.model import LatencyModel
-
-    try:
-        logs, note, _ = load_acceptance_logs(cfg, dtype, prompt_ids)
-        if note:
-            return None, None, note
-        return logs, LatencyModel.from_logs(cfg.logs, model=logs.model, device=dev, dtype=dtype), None
-    except DataError as e:
-        return None, None, f"no replay: {e}"
 
 
 # ---------------------------------------------------------------------------------- the command

@@ -193,7 +193,7 @@ def simulator_side(cfg: ValidateConfig, logs, source, note, engine, tokenizer, d
             interleave = InterleavedProfile(sampler, cfg.profile_interleave,
                                             len(cfg.datasets) * cfg.runs * cfg.n_prompts)
     lat = LatencyModel.from_logs(lat_root, model=logs.model, device=dev, dtype=dtype)
-    report["latency_profile"] = {"root": str(lat_root), "profile_id": lat.meta.get("profile_id")}
+    report["latency_profile"] = profile_entry(lat_root, lat)
     tune = pick_tune_split(logs.split if source is None else source.sel.splits,
                            resolve_split(cfg.datasets[0], cfg.split) or "test", "auto")
     if source is None:
@@ -267,7 +267,14 @@ def pool_interleaved_profile(cfg: ValidateConfig, sim: SimSide, interleave: Inte
                  if (sf := sampler.speed_factor(ds)) is not None}
     report["profile_interleave"] = {"profile_id": info["profile_id"], "rounds": info["rounds"],
                                     "jobs": info["jobs"], "final_s": time.perf_counter() - t0}
-    report["latency_profile"] = {"root": cfg.out, "profile_id": info["profile_id"]}
+    report["latency_profile"] = profile_entry(cfg.out, sim.clock)
+
+
+def profile_entry(root, lat) -> dict:
+    """The report's `latency_profile`: where the clock's profile is, its id, the cell statistic it
+    prices and the suspect cells it left out (one line, or None)."""
+    return {"root": str(root), "profile_id": lat.meta.get("profile_id"), "point": lat.meta.get("point"),
+            "trust_note": lat.meta.get("trust_note")}
 
 
 def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: bool = True):

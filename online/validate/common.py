@@ -100,6 +100,22 @@ def load_acceptance_logs(cfg: ValidateConfig, logs_dtype: str, prompt_ids=()):
                   f"no sim-vs-real (collect with --temperature {cfg.temperature:g} for it)"), src
 
 
+def load_replay(cfg: ValidateConfig, dev: str, dtype: str, prompt_ids: list[str]):
+    """(acceptance logs, latency model, note): both None with a note when the logs cannot be replayed
+    (logs larger than --max-positions-in-memory: a window plus the sequences of `prompt_ids`)."""
+    if not cfg.logs:
+        return None, None, "no --logs: no replayed tokens/s"
+    from simulator.latency.model import LatencyModel
+
+    try:
+        logs, note, _ = load_acceptance_logs(cfg, dtype, prompt_ids)
+        if note:
+            return None, None, note
+        return logs, LatencyModel.from_logs(cfg.logs, model=logs.model, device=dev, dtype=dtype), None
+    except DataError as e:
+        return None, None, f"no replay: {e}"
+
+
 def _with_default_width(logs, root):
     """The logs, if they hold the static default's width (its sim-vs-real row replays it); else one line,
     before anything is decoded."""

@@ -216,7 +216,8 @@ def _mean_std(xs):
 
 
 def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
-    from online.validate.batch import load_replay, step_table_rows
+    from online.validate.batch import step_table_rows
+    from online.validate.common import load_replay
     from pipeline.logs.schema import write_batch_steps
     from pipeline.decode.batch.engine import BatchEngine
     from pipeline.models.head import load_head_for

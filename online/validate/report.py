@@ -25,7 +25,10 @@ def write_markdown(rep: dict, out: Path) -> None:
                      + (f" (pooled over {rep['profile_interleave']['rounds']} rounds: one right before decoding, "
                         f"{pf['wall_s']:.0f} s, the rest spread between the generations, --profile-interleave)"
                         if rep.get("profile_interleave") else
-                        f" (taken right before decoding, --profile-first: {pf['wall_s']:.0f} s)" if pf else ""))
+                        f" (taken right before decoding, --profile-first: {pf['wall_s']:.0f} s)" if pf else "")
+                     + f"; cells priced at their {lp.get('point', 'mean')} (simulator/latency/estimate.py)")
+        if lp.get("trust_note"):
+            lines.insert(-1, f"- {lp['trust_note']}")
     if rep.get("logs_dtype") and rep["logs_dtype"] != rep.get("dtype"):
         lines.insert(-1, f"- acceptance logs in **{rep['logs_dtype']}**, decoding and profile in **{rep['dtype']}** "
                          f"(--logs-dtype: the transfer setting; sim-vs-real's tau error is what reusing the logs costs)")

@@ -15,8 +15,9 @@ prompts of exactly c tokens prefilled once, then one generation playing the grid
 round-robin, one warm-up round dropped and `--repeats` rounds kept; each step's t_verify, t_draft / D
 and the rest of t_step are one sample each). Batch 1 is B = 1 of the same path: the profile that
 `tune` reads at B = 64 and the one a batch-1 policy is trained on are measured alike. Statistics:
-n, median, p10, p90, mean. A cell that spreads wildly or breaks the order in V or B
-(pipeline/profiling/trust.py) is measured once more. `--isolated` adds the tight-loop
+n, median, p10, p90, mean. A cell that spreads wildly or breaks the order in V, B or c
+(pipeline/profiling/trust.py) is measured once more, and a (B, c) whose cells are too few for their
+spread (a median known to worse than 3 %) runs once more. `--isolated` adds the tight-loop
 micro-benchmarks (pipeline.profiling.timed_ops) as ops `verify_isolated` / `draft_isolated`, for
 comparison: on a CPU they run 13-15 % faster than the same forward inside real decoding.
 Profile alone: never while collection actors or other jobs share the device.
@@ -36,6 +37,7 @@ from tqdm import tqdm
 from pipeline.errors import DraftGymError
 from pipeline.profiling.steps import TOKENS_PER_STEP, grid_shapes, rows_of, step_samples, suspect_keys
 from pipeline.profiling.timed_ops import draft_op, policy_op, prefill_op, time_op, verify_op
+from pipeline.profiling.trust import JUDGED, REL_SE_MAX, rel_se
 from pipeline.logs.schema import LATENCY, SCHEMA_VERSION, partition_dir, read_table, table_files, write_atomic
 
 DEFAULT_VERIFY_SIZES = (1, 2, 4, 8, 16, 32, 60, 100, 160, 240)
@@ -67,7 +69,8 @@ def context_prompt(tokenizer, n: int, variant: int = 0) -> list[int]:
 def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                 contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, device: str | None = None,
                 dtype: str | None = None, progress: bool = True, isolated: bool = False,
-                batch_sizes=DEFAULT_BATCH_SIZES, prefill_lengths=DEFAULT_PREFILL_LENGTHS, rounds: int = 1) -> dict:
+                batch_sizes=DEFAULT_BATCH_SIZES, prefill_lengths=DEFAULT_PREFILL_LENGTHS, rounds: int = 1,
+                top_ups: int = 1) -> dict:
     """Load the target and head, then `profile_engine`."""
     from pipeline.decode.engine import Engine
     from pipeline.models.head import load_head_for
@@ -78,18 +81,19 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
     engine = Engine(target.model, head, target.eos_token_ids)
     return profile_engine(engine, target.tokenizer, model, out, widths=widths, verify_sizes=verify_sizes,
                           contexts=contexts, repeats=repeats, warmup=warmup, progress=progress, isolated=isolated,
-                          batch_sizes=batch_sizes, prefill_lengths=prefill_lengths, rounds=rounds)
+                          batch_sizes=batch_sizes, prefill_lengths=prefill_lengths, rounds=rounds, top_ups=top_ups)
 
 
 def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify_sizes=DEFAULT_VERIFY_SIZES,
                    contexts=DEFAULT_CONTEXTS, repeats: int = 5, warmup: int = 2, progress: bool = True,
                    isolated: bool = False, batch_sizes=DEFAULT_BATCH_SIZES,
                    prefill_lengths=DEFAULT_PREFILL_LENGTHS, prompt: Callable[[int, int], list[int]] | None = None,
-                   deadline: float | None = None, rounds: int = 1) -> dict:
+                   deadline: float | None = None, rounds: int = 1, top_ups: int = 1) -> dict:
     """Profile a loaded engine (its target and head) into a new `latency` file under `out`: `rounds`
     rounds of `ProfileSampler` through every batch size of `batch_sizes` (1 always) and context, its
     suspect cells re-measured once, plus the isolated ops if asked (batch 1, `warmup` untimed calls)
-    and the prefill at each of `prefill_lengths`. prompt(c, r) -> a prompt of exactly c tokens, variant r
+    and the prefill at each of `prefill_lengths`; up to `top_ups` times, the (B, c) jobs whose cells are
+    too few for their spread run once more (ProfileSampler.top_up; 0: never). prompt(c, r) -> a prompt of exactly c tokens, variant r
     (default: `context_prompt` of the tokenizer; a random-weight target without one passes its own).
     deadline (perf_counter s): batch sizes and prefill lengths not started by then are left out
     (named in the result's `left_out`); a later round stops at it, its cells keep the earlier rounds'
@@ -114,6 +118,12 @@ def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify
             break
         sampler.run_round(progress, deadline)                              # cells it skips keep round 1's samples
     remeasured = sampler.remeasure()                                       # suspect cells (trust.py), once
+    topped_up = 0
+    for _ in range(top_ups):                                               # cells too few for their spread
+        n = sampler.top_up()
+        topped_up += n
+        if not n or late():
+            break
     max_n = engine.model.config.max_position_embeddings - 1
     for n in tqdm(sorted({int(n) for n in prefill_lengths if int(n) <= max_n}), desc="profile (prefill)",
                   unit="length", disable=not progress):
@@ -123,7 +133,7 @@ def profile_engine(engine, tokenizer, model: str, out: str, widths=(10,), verify
         stats = time_op(prefill_op(engine.model, engine.head, n), engine.device, warmup=1, repeats=repeats)
         sampler.extra.append(("prefill", stats, 0, 0, n, 1))
     res = sampler.write(out)
-    res["remeasured"], res["left_out"] = remeasured, left_out
+    res["remeasured"], res["topped_up"], res["left_out"] = remeasured, topped_up, left_out
     return res
 
 
@@ -209,6 +219,15 @@ class ProfileSampler:
                 if (k[4], k[3]) == job and k in again:
                     self.samples[k] = again[k]
         return len(bad)
+
+    def top_up(self, rel_se_max: float = REL_SE_MAX) -> int:
+        """Size each cell's samples by its spread: run once more each job one of whose judged cells
+        (verify, draft_step) knows its median to worse than rel_se_max (pipeline/profiling/trust.py
+        rel_se); every cell of that job gains one generation's samples. Returns the jobs run."""
+        loose = {(k[4], k[3]) for k, ts in self.samples.items() if k[0] in JUDGED and rel_se(ts) > rel_se_max}
+        for job in [j for j in self.jobs if j in loose]:
+            self._run(job)
+        return len(loose)
 
     def speed_factor(self, segment: str | None) -> tuple[float, int] | None:
         """How much slower (> 1) the machine ran during `segment` than over all samples pooled:
@@ -312,6 +331,7 @@ class ProfileConfig:
     contexts: tuple = DEFAULT_CONTEXTS            # context lengths
     repeats: int = 5                              # timed rounds per (B, context) generation (and timed calls, isolated)
     rounds: int = 1                               # passes through the whole (B, context) grid, `repeats` each: > 1 spreads each cell over the profile's time
+    top_ups: int = 1                              # times a (B, context) whose cells know their median to worse than 3 % runs once more (0: never)
     isolated: bool = False                        # also time the bare ops in a tight loop (verify_isolated / draft_isolated)
     batch_sizes: tuple = DEFAULT_BATCH_SIZES      # batch sizes B of the draft_step / verify / policy rows (1 always)
     prefill_lengths: tuple = DEFAULT_PREFILL_LENGTHS  # prompt lengths n of the prefill rows (() = none)
@@ -329,7 +349,9 @@ def run_profile_command(cfg: ProfileConfig) -> int:
     r = run_profile(cfg.model, cfg.head, cfg.out, widths=cfg.widths, verify_sizes=cfg.verify_sizes,
                     contexts=cfg.contexts, repeats=cfg.repeats, device=cfg.device, dtype=cfg.dtype,
                     isolated=cfg.isolated, progress=cfg.progress,
-                    batch_sizes=cfg.batch_sizes, prefill_lengths=cfg.prefill_lengths, rounds=cfg.rounds)
+                    batch_sizes=cfg.batch_sizes, prefill_lengths=cfg.prefill_lengths, rounds=cfg.rounds,
+                    top_ups=cfg.top_ups)
     print(json.dumps(r) if cfg.as_json else f"profiled {r['rows']} ops on {r['device']} -> {r['path']}"
-          + (f" ({r['remeasured']} suspect cells re-measured)" if r["remeasured"] else ""))
+          + (f" ({r['remeasured']} suspect cells re-measured)" if r["remeasured"] else "")
+          + (f" ({r['topped_up']} (B, c) sampled once more for their spread)" if r.get("topped_up") else ""))
     return 0

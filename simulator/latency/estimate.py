@@ -1,38 +1,44 @@
 """Which number of a profile cell the latency model prices: its `point` (LatencyModel.from_rows).
 
 A cell is one LATENCY row (pipeline/logs/schema.py): an op at one (W or V, context c, batch B), with
-the statistics of its n timing samples: median, p10, p90, mean. What a throughput integrates
-(tokens / total time) is the mean step time, but a cell holds 8-16 samples, and on a shared machine a
-few of them can be far out: the demo's V = 1, c = 32 cell once read a mean of 67.2 ms against a
-median of 46.5 ms (1.44x, from a handful of slow samples), so the model charged real AR decoding's
-40 ms steps 60 ms and the replay was -27 % off. The three points:
+the statistics of its n timing samples: median, p10, p90, mean. A cell holds 8-16 samples, and on a
+shared machine a few of them can be far out: the demo's V = 1, c = 32 cell once read a mean of 67.2 ms
+against a median of 46.5 ms (1.44x, from a handful of slow samples), so a model pricing means charged
+real AR decoding's 40 ms steps 60 ms and the replay was -27 % off. The three points:
 
-    mean     the cell's mean: unbiased, but a few far samples move it (above)
-    median   the cell's median: robust, but below the mean of a right-skewed cell, so every method
-             would look faster than it is by the skew (the CPU's in-situ verify cells: mean up to
-             5-7 % above the median)
-    robust   (default) the cell's median times its op's typical skew:
+    median   (default) the cell's median: a few far samples cannot move it
+    robust   the cell's median times its op's typical skew, an estimate of the mean that one cell's
+             far samples move little:
 
                  robust(cell) = median(cell) * k(op, B)
                  k(op, B)     = sum_i n_i (mean_i / median_i) / sum_i n_i  over the op's cells at B whose
                                 mean / median <= MEAN_MAX (pipeline/profiling/trust.py; none left: k = 1)
 
-             Each cell contributes its robust location, the skew is estimated from every cell of the
-             op at once, so one cell's few far samples move its price by at most its share of k's
-             samples instead of by their full size. On clean cells (mean / median 0.97-1.04 in the
-             2026-11-28 bf16 demo) it is the mean to within a percent or two. Its n-weighting counts
-             a cell by its samples, so a re-measured cell (more samples) weighs more.
+    mean     the cell's mean: what a throughput integrates, if the cell's samples are decoding's, but
+             a few far samples move it (above)
 
-Why robust is the default: measured against real decoding in `draftgym validate`'s report (its
-sim-vs-real `by_point`: the same replay timed at each point) and in the fidelity benchmark
-(online/bench/fidelity.py); the figures are in docs/benchmarks/2026-11-28-clock.md.
+Why the median: chosen by measurement against real decoding on held-out prompts (the fidelity
+benchmark, online/bench/fidelity.py; docs/benchmarks/2026-11-28-clock.md, clock-1): mean |tokens/s
+error| at B = 1 over AR, static, grid-best and LTD on two datasets, 2-core AMD EPYC (AVX512-BF16):
+
+                 fp32     bf16
+    median       2.2 %    2.7 %
+    robust       3.3 %    2.6 %
+    mean         4.1 %    3.3 %
+
+At the robust point the clock priced decoding's own cycles 1-7 % dear in fp32 (static's V = 60
+verify up to 13 % in bf16; online/validate/sim_vs_real.py cycle_cost), and the median, below the mean
+by the profile's skew, takes part of that back. What makes the profile dear is not settled: not the
+order of its shapes (a step right after another shape costs what the same step repeated costs, within
+3 %, bf16, clock-2). Every validate report prints the error at each point (sim-vs-real's `by_point`),
+so another machine can check the choice.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
-POINTS = ("robust", "mean", "median")
-DEFAULT_POINT = "robust"
+POINTS = ("median", "robust", "mean")
+DEFAULT_POINT = "median"
 
 
 def with_point(rows: list[dict], point: str, mean_max: float | None = None) -> list[dict]:

@@ -250,7 +250,7 @@ class LatencyModel:
     @classmethod
     def from_rows(cls, rows, model: str | None = None, profile: str | None = None,
                   point: str = DEFAULT_POINT, device: str | None = None, dtype: str | None = None,
-                  batch_interp: str = "linear", trust: bool = False) -> "LatencyModel":
+                  batch_interp: str = "linear", trust: bool = True) -> "LatencyModel":
         """rows: a pyarrow Table or list of dicts with LATENCY columns. Rows without a `batch` (or with
         batch 0) are batch 1; the chosen profile's B > 1 rows become the levels interpolated in B
         (batch_interp: "linear" | "log", simulator.latency.batch).
@@ -259,13 +259,14 @@ class LatencyModel:
         with an fp32 profile would be a different machine). A profile whose rows mix dtypes is
         refused with a one-line error, whatever is asked.
 
-        point: the cell statistic the model prices (simulator/latency/estimate.py): "robust"
-        (default: each cell's median times its op's typical mean / median, so a few far samples in
-        one cell cannot move its price), "mean" or "median".
+        point: the cell statistic the model prices (simulator/latency/estimate.py): "median"
+        (default: a few far samples in one cell cannot move its price; chosen by measurement against
+        real decoding), "robust" (the median times its op's typical mean / median) or "mean".
 
-        trust: leave the profile's suspect cells out (pipeline/profiling/trust.py: a wild spread, or
-        dearer than a larger V or B); meta["suspect"] names them and meta["trust_note"] says it in
-        one line (tune, serve-eval and train-load print it)."""
+        trust: leave the profile's suspect cells out (default; pipeline/profiling/trust.py: a wild
+        spread, an outlier mean, or dearer than a larger V, B or c); meta["suspect"] names them and
+        meta["trust_note"] says it in one line (tune, serve-eval, train-load and validate print it).
+        trust=False keeps every cell."""
         if point not in POINTS:
             raise ValueError(f"point must be one of {', '.join(POINTS)}, got {point!r}")
         if batch_interp not in BATCH_INTERP:
@@ -340,7 +341,7 @@ class LatencyModel:
     @classmethod
     def from_logs(cls, root: str | Path, model: str | None = None, profile: str | None = None,
                   point: str = DEFAULT_POINT, device: str | None = None, dtype: str | None = None,
-                  batch_interp: str = "linear", trust: bool = False) -> "LatencyModel":
+                  batch_interp: str = "linear", trust: bool = True) -> "LatencyModel":
         """All latency shards under <root>/latency (any partitioning), checked reads. An object-store root:
         its latency table mirrored locally (only that table)."""
         from pipeline.logs.storage import local_dir

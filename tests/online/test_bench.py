@@ -1,5 +1,12 @@
 """`make bench` (python -m online.bench): runs the chosen benchmarks and prints one summary table."""
+import argparse
+from pathlib import Path
+
+import pytest
+
+from online.bench import fidelity as F
 from online.bench.__main__ import BenchConfig, run
+from online.cli import build_parser
 
 
 def test_bench_env_writes_a_summary(tmp_path, capsys):
@@ -38,3 +45,55 @@ def test_bench_scale_writes_and_streams(tmp_path, capsys):
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("SCALE_RESULT ")][-1]
     whole = json.loads(line[len("SCALE_RESULT "):])
     assert not whole["streamed"] and whole["grid_best"] == v["grid_best"]
+
+
+def _args(**kw):
+    ap = argparse.Namespace(model="smollm2-135m", head="default", datasets="mt-bench,humaneval", n_prompts=3,
+                            train_prompts=2, max_new_tokens=32, policy=["data/demo/policies/ltd"], batch_sizes="4,16",
+                            batch_shapes="chain:2;tree:3,10,8", load_shapes="chain:2", load_requests=8, load_rate=1.5)
+    ap.__dict__.update(kw)
+    return ap
+
+
+def test_fidelity_commands_parse():
+    """The fidelity benchmark (online/bench/fidelity.py): every command it runs parses with the real CLI
+    (a real run takes 25-30 min: BENCHMARKS.md; the commands themselves are tested where they live)."""
+    cmds = F.commands(_args(), "float32", Path("/tmp/x"))
+    assert list(cmds)[:4] == ["collect mt-bench train", "collect mt-bench test", "collect humaneval train",
+                              "collect humaneval test"] and set(F.SETTINGS) < set(cmds)
+    parser = build_parser()
+    for name, argv in cmds.items():
+        ns = parser.parse_args(argv)
+        assert ns.dtype == "float32", name
+    v = parser.parse_args(cmds["b1"])
+    assert v.profile_first and v.profile_interleave == 1 and v.policies == ["data/demo/policies/ltd"]
+    assert parser.parse_args(cmds["batch"]).batch_sizes == "4,16"
+
+
+def test_fidelity_poisson_trace():
+    t = F.poisson_trace(200, 2.0, seed=3)
+    assert t[0] == 0.0 and all(b >= a for a, b in zip(t, t[1:])) and t == F.poisson_trace(200, 2.0, seed=3)
+    assert 199 / t[-1] == pytest.approx(2.0, rel=0.2)
+
+
+def test_fidelity_rows_read_the_reports_errors():
+    """The rows the fidelity benchmark reads from validate's three reports are the errors they hold."""
+    b1 = {"datasets": {"mt-bench": {"sim_vs_real": {
+        "ar": {"tokens_per_s_rel_error": -0.03},
+        "methods": {"static": {"tokens_per_s_rel_error": 0.12, "reanchored": {"tokens_per_s_rel_error": -0.01},
+                               "cost": {"step": 0.02}}}}}}}
+    batch = {"datasets": {"mt-bench": {"by_batch": {"4": {"ar": {"replay_rel_error": 0.05, "cost_rel_error": 0.04},
+                                                          "chain:2": {"replay_rel_error": None}}}}}}
+    load = {"config": {"datasets": ["mt-bench"]}, "rows": [{"name": "AR", "replay_rel_error": {"tokens_per_s": -0.2},
+                                                            "cost_rel_error": -0.1}, {"name": "x", "replay_rel_error": None}]}
+    rows = F.b1_rows(b1) + F.batch_rows(batch) + F.load_rows(load)
+    assert [(r["setting"], r["method"], r["raw"], r["own_text"], r["clock"]) for r in rows] == [
+        ("B = 1", "ar", -0.03, None, None), ("B = 1", "static", 0.12, -0.01, 0.02), ("B = 4", "ar", 0.05, None, 0.04),
+        ("load", "AR", -0.2, None, -0.1)]
+    s = F.summary(rows)
+    assert s["rows"] == 4 and s["max_abs"] == pytest.approx(0.2) and s["within_10pct"] == 2
+    assert s["mean_abs"] == pytest.approx((0.03 + 0.12 + 0.05 + 0.2) / 4)
+    run = {"dtype": "float32", "environment": {"cpu_model": "cpu"}, "rows": rows, "summary": s, "commands": [],
+           "by_setting": {"B = 1": F.summary(rows[:2])}}
+    md = F.tables({"date": "d", "runs": [run]})
+    assert "| B = 1 | mt-bench | static | +12.0% | -1.0% | +2.0% |" in md and "4 rows, mean |raw error| 10.0 %" in md

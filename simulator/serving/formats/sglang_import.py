@@ -200,7 +200,7 @@ def run_profile_import_command(cfg: ProfileImportConfig) -> int:
     lat_rows, fit = latency_rows(rows, cfg.model, cfg.dtype, pid, Path(cfg.file).name, cfg.context_len, cfg.fmt,
                                  read_prefill(cfg.file))
     path = write_latency(cfg.out, lat_rows, model=cfg.model, name=pid)
-    lat = LatencyModel.from_rows(lat_rows, model=cfg.model, profile=pid)
+    lat = LatencyModel.from_rows(lat_rows, model=cfg.model, profile=pid, trust=False)
     check = [abs(float(lat.t_step(*r["shape"], cfg.context_len, batch=r["batch"])) - r["step_time"]) / r["step_time"]
              for r in rows]
     chains_only = all(S.is_chain(r["shape"]) for r in rows)

@@ -46,14 +46,14 @@ def test_profile_batch_sizes(tmp_path, tiny_model_dir, capsys):
     assert lat.batch_levels == [1, 2]
     for B in (1, 2):
         r = next(r for r in t if r["op"] == "verify" and r["verify_size"] == 4 and r["batch"] == B)
-        assert lat.t_verify(4, 16, batch=B) == pytest.approx(r["mean"])
+        assert lat.t_verify(4, 16, batch=B) == pytest.approx(r["median"])
 
 
 def test_profile_rounds_spread_the_same_samples(tmp_path, tiny_model_dir, capsys):
     """--rounds 2 --repeats 1 passes twice through the (B, c) grid: every cell gets as many samples as
     --repeats 2 in one pass, from two stretches of time (the result's rounds and jobs say so)."""
     base = ["profile", "--model", str(tiny_model_dir), "--head", "random", "--widths", "2", "--verify-sizes", "1,4",
-            "--contexts", "16", "--batch-sizes", "1,2", "--prefill-lengths", "none", "--json", "--no-progress"]
+            "--contexts", "16", "--batch-sizes", "1,2", "--prefill-lengths", "none", "--top-ups", "0", "--json", "--no-progress"]
     n, runs = {}, {}
     for k, extra in (("one", ["--repeats", "2"]), ("two", ["--repeats", "1", "--rounds", "2"])):
         assert cli([*base, *extra, "--out", str(tmp_path / k)]) == 0
