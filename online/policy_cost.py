@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from pipeline.errors import DataError, DraftGymError
 from pipeline.logs.schema import SCHEMA_VERSION, read_table, table_files
-from simulator.latency.estimate import DEFAULT_POINT
+from simulator.latency.estimate import DEFAULT_POINT, with_point
 
 PROMPTS = ("Explain how a hash map works, step by step.",
            "Write a Python function that returns the n-th Fibonacci number.",
@@ -103,7 +103,8 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
                      "device_type": base["device_type"], "model_id": model, "head_id": base["head_id"],
                      "dtype": base["dtype"], "op": f"policy:{key}", "width": 0, "verify_size": 0, "context_len": 0,
                      "batch": 1, **stats, "env_json": env})
-        out[key] = stats[DEFAULT_POINT]     # what the latency model charges (simulator/latency/estimate.py)
+        row = {"op": f"policy:{key}", "batch": 1, **stats}
+        out[key] = with_point([row], DEFAULT_POINT)[0][DEFAULT_POINT]   # what the latency model charges
     from pipeline.profiling.profile import write_profile
 
     # next to the profile's own file (pipeline.profiling.profile), so every latency reader finds it

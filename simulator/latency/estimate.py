@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-POINTS = ("median", "robust", "mean")
-DEFAULT_POINT = "median"
+POINTS = ("robust", "median", "mean")
+DEFAULT_POINT = "robust"
 
 
 def with_point(rows: list[dict], point: str, mean_max: float | None = None) -> list[dict]:

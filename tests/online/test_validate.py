@@ -114,7 +114,7 @@ def test_validate_profile_first(tmp_path, tiny_model_dir, tiny_logs, radar_ckpt,
     assert sorted(map(str, table_files(tiny_logs, "latency"))) == before
     pf = rep["profile_first"]
     assert pf["policies_timed"] == 1 and rep["latency_profile"] == {"root": str(out), "profile_id": pf["profile_id"],
-                                                                  "point": "median", "trust_note": None}
+                                                                  "point": "robust", "trust_note": None}
     from simulator.latency.model import LatencyModel
     from simulator.methods.checkpoint import latency_key
     lat = LatencyModel.from_logs(out)
@@ -158,8 +158,8 @@ def test_validate_profile_interleave(tmp_path, tiny_model_dir, tiny_logs, radar_
     assert "tok/s error, pooled" in (out / "report.md").read_text()
     # the clock alone: each method's own cycles priced by the clock, and the error at every cell statistic
     assert st["cost"]["cycles"] >= 1 and st["cost"]["step"] > -1 and list(st["cost"]["verify_by_V"]) == ["60"]   # (8, 10, 60)
-    assert list(svr["by_point"]) == ["median", "robust", "mean"]
-    assert svr["by_point"]["median"]["static"] == pytest.approx(st["tokens_per_s_rel_error"])   # the default point
+    assert list(svr["by_point"]) == ["robust", "median", "mean"]
+    assert svr["by_point"]["robust"]["static"] == pytest.approx(st["tokens_per_s_rel_error"])   # the default point
     assert "The clock on decoding's own cycles" in (out / "report.md").read_text()
     from pipeline.logs.schema import read_table, table_files
     n = {}

@@ -42,7 +42,7 @@ def test_profile_batch_sizes(tmp_path, tiny_model_dir, capsys):
                       ("overhead", 0, 0, 16))}
     for r in t:
         assert r["p10"] <= r["median"] <= r["p90"] and r["n"] >= 2
-    lat = LatencyModel.from_rows(t)
+    lat = LatencyModel.from_rows(t, point="median")
     assert lat.batch_levels == [1, 2]
     for B in (1, 2):
         r = next(r for r in t if r["op"] == "verify" and r["verify_size"] == 4 and r["batch"] == B)

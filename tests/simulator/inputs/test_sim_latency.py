@@ -12,7 +12,7 @@ from tests.simulator.conftest import syn, syn_root  # noqa: F401
 
 
 def test_exact_at_measured_points(syn_root):
-    lat = LatencyModel.from_logs(syn_root)
+    lat = LatencyModel.from_logs(syn_root, point="median")
     rows = [r for f in table_files(syn_root, "latency") for r in read_table(f, "latency").to_pylist()]
     for r in rows:
         if r["op"] == "draft_step":
@@ -35,7 +35,7 @@ def test_exact_at_measured_points(syn_root):
 
 def test_piecewise_linear_between_points(tmp_path):
     rows = [r for r in latency_rows("m", "cpu", widths=(10,), verify_grid=(1, 60), contexts=(100, 300))]
-    lat = LatencyModel.from_rows(rows)
+    lat = LatencyModel.from_rows(rows, point="median")
     pt = {(r["verify_size"], r["context_len"]): r["median"] for r in rows if r["op"] == "verify"}
     mid_v = (pt[(1, 100)] * (1 - 29 / 59) + pt[(60, 100)] * (29 / 59))
     assert lat.t_verify(30, 100) == pytest.approx(mid_v)
@@ -65,7 +65,7 @@ def test_noise_matches_measured_quantiles():
     lat = LatencyModel.from_rows(latency_rows("m", "cpu", widths=(10,), contexts=(512,)))
     rng = np.random.default_rng(0)
     x = lat.t_verify(np.full(40_000, 60), 512, rng)
-    med = lat.t_verify(60, 512)                                  # the central value (the median)
+    med = lat.t_verify(60, 512)                                  # the central value
     row = next(r for r in latency_rows("m", "cpu", widths=(10,), contexts=(512,))
                if r["op"] == "verify" and r["verify_size"] == 60)
     assert np.quantile(x, 0.1) == pytest.approx(row["p10"], rel=0.01)
@@ -118,7 +118,7 @@ def test_per_policy_cost_rows():
     from simulator.replay import call_seconds
 
     rows = latency_rows("m", "cpu", widths=(10,), contexts=(512,))
-    generic = [r for r in rows if r["op"] == "policy"][0]["median"]
+    generic = [r for r in rows if r["op"] == "policy"][0]["mean"]     # one cell: robust = its mean
     rows.append({**rows[0], "op": "policy:ltd-0123456789", "median": 0.0013, "mean": 0.0013, "p10": 0.0012,
                  "p90": 0.0015})
     lat = LatencyModel.from_rows(rows)
