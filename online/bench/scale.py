@@ -1,4 +1,4 @@
-"""Benchmark: DraftGym on logs of N positions (issue O's scale table): writing, evaluate, LTD PPO.
+"""Benchmark: DraftGym on logs of N positions (scale table): writing, evaluate, LTD PPO.
 
     python -m online.bench.scale --positions 2000000 --logs /big/disk/scale-logs [--out FILE]
 

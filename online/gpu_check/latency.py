@@ -21,7 +21,7 @@ the same functions `draftgym profile` times with, pipeline/profiling/timed_ops.p
 Batch B (each B a separate call, all rows of one prompt length, no EOS, after a warm-up call):
 
     ar_batch     AR decode step at batch B from `generate_batch` (collection's continuations, on the
-                 batched engine's AR step since issue N item 5):
+                 batched engine's AR step):
                  (wall(1 + T new tokens) - wall(1)) / T, median of 3 such pairs (None where that
                  difference is below the timer's noise, as for the dry run's tiny model)
     spec_batch   one step of the batched engine (pipeline/decode/batch/engine.py) at batch B: median
@@ -30,7 +30,7 @@ Batch B (each B a separate call, all rows of one prompt length, no EOS, after a 
                  Twice where the device has CUDA graphs: replayed from graphs ("graphs", the
                  engine's default there) and eager ("eager", cuda_graphs=False), same span buckets,
                  so the pair is the graphs' gain; with the graphs' captures, capture time and any
-                 capture failure. Measured first (the figure issue N is about), the batch-1 tables
+                 capture failure. Measured first (the figure this check is for), the batch-1 tables
                  after it. Skipped, with the reason, where that engine is missing.
     collect      collection's positions/s (`collection_rate`: continuations, teacher forcing, every
                  root expanded and scored, in-process) against the online AR tokens/s at batch 1

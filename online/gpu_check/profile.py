@@ -1,5 +1,5 @@
 """The GPU check's profile step: a latency profile of the 8B-shaped target on this GPU, as a normal
-`draftgym profile` writes it (issue P, item 3: GPU cost curves for `tune`, `serve-eval`, `train-load`).
+`draftgym profile` writes it (GPU cost curves for `tune`, `serve-eval`, `train-load`).
 
 `pipeline.profiling.profile.profile_engine` runs unchanged on the check's random-weight target and
 random head: batch 1 and every B of `profile_batch_sizes` on the one engine's own steps, with CUDA

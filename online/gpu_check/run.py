@@ -23,7 +23,7 @@ when it is not asked for, cannot run here, or no longer fits the budget:
             when its weights were carried (`--smollm2`: a folder of parts from `online.gpu_check.carry`, the
             GGUF, or a dequantised model folder), with the policies carried (`--policy`, e.g. the
             demo's LTD), else with static tree shapes only
-  serving   every serving method under one load trace on SmolLM2 and the shipped head (issue P item 7;
+  serving   every serving method under one load trace on SmolLM2 and the shipped head (
             online/gpu_check/serving.py): collect, profile, tune, a trace, train-load, then
             `validate --load-trace` with the replay of the same trace beside each method
 

@@ -1,4 +1,4 @@
-"""The GPU check's serving step: every serving method under one load trace on this device (issue P, item 7).
+"""The GPU check's serving step: every serving method under one load trace on this device.
 
 The embedded SmolLM2 and the shipped head (as the validate step prepares them), from nothing but the
 carried weights, through the commands a user runs, each in this process, in this order:

@@ -4,7 +4,7 @@ self-distillation), with per-row seeds, per-row EOS, a refill queue and an on-di
 `generate_batch` runs on the one engine (pipeline/decode/batch/engine.py, `BatchEngine.generate_ar`):
 the slot stores, the first rows prefilled several per forward, continuous batching (a finished row's
 slot takes the next prompt at once), and on a GPU the AR step as a CUDA graph, so `draftgym collect`
-gets the speed of online decoding (issue N, item 5). One engine per target is kept (`ar_engine`); its
+gets the speed of online decoding. One engine per target is kept (`ar_engine`); its
 stores and graphs are released at the end of each call (collection needs the memory in between).
 
 Exactness: row r's token sequence is what batch-1 `Engine.generate_ar` gives with the same seed,

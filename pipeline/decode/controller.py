@@ -48,7 +48,7 @@ class _DWV(NamedTuple):
 
 
 class StepShape(_DWV):
-    """The one shape type (issue N): the shape of one step at any batch size, and the (D, W, V) the
+    """The one shape type: the shape of one step at any batch size, and the (D, W, V) the
     simulator, `tune`, schedules and reports speak. D draft forwards over W beams, V tokens verified
     per row (root included; D is the most forwards when a depth policy stops early). Off: D = 0,
     V = 1. Chain: W = 1, V = D + 1. Otherwise an EAGLE-3 tree. A tuple, so (8, 10, 60) == the

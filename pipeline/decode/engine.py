@@ -61,7 +61,7 @@ class GenerationResult(Generated):
 
 class Engine:
     """EAGLE-3 (and AR) generation for one target + one head, one prompt at a time: the batched
-    engine (pipeline/decode/batch/engine.py) at B = 1. One engine for every batch size (issue N):
+    engine (pipeline/decode/batch/engine.py) at B = 1. One engine for every batch size:
     static caches and, on a GPU, CUDA graphs at batch 1 as at batch 64. The controller is the one
     interface of every batch size (pipeline/decode/controller.py: plan sees the StepContext of one
     row; level hooks asked after each draft level, that step drafting eagerly); the result's cycles

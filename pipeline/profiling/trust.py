@@ -1,4 +1,4 @@
-"""Which cells of a latency profile not to trust: wild spreads and broken physics (issue P, item 6).
+"""Which cells of a latency profile not to trust: wild spreads and broken physics.
 
 A cell is one LATENCY row: an op (`verify`, `draft_step`) at one (W or V, context c, batch B), with
 the statistics of its timing samples. Two signs that a cell measured something else than the engine

@@ -15,7 +15,7 @@ controller's own work, never a head forward still running on the device.
 On a CPU `sync` is a no-op and the clock is `time.perf_counter`. Tests replace both with a fake
 asynchronous device (a clock that advances only on sync) to check the attribution.
 
-Phase marks (issue N item 3: timing that does not tax the run). A sync per phase boundary stalls
+Phase marks (timing that does not tax the run). A sync per phase boundary stalls
 the host while the GPU drains, so the next phase's launches start late: a step of three CUDA graphs
 would pay several such gaps. `mark()` is a boundary without a sync: on CUDA a timing event recorded
 on the current stream (the GPU stamps it when it gets there, after the work queued before it);

@@ -1,4 +1,4 @@
-"""CUDA graphs for the batched engine's fixed-shape step parts (issue N, after gpt-fast and vLLM).
+"""CUDA graphs for the batched engine's fixed-shape step parts (after gpt-fast and vLLM).
 
 A decode step of an 8B target in eager PyTorch launches thousands of small kernels, each costing
 the host ~5-20 us to issue; at batch 1 the GPU finishes them faster than the host issues them, so

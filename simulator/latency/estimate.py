@@ -6,32 +6,34 @@ shared machine a few of them can be far out: the demo's V = 1, c = 32 cell once 
 against a median of 46.5 ms (1.44x, from a handful of slow samples), so a model pricing means charged
 real AR decoding's 40 ms steps 60 ms and the replay was -27 % off. The three points:
 
-    median   (default) the cell's median: a few far samples cannot move it
-    robust   the cell's median times its op's typical skew, an estimate of the mean that one cell's
-             far samples move little:
+    robust   (default) the cell's median times its op's typical skew: an estimate of the mean (what a
+             throughput, tokens / total time, integrates) that one cell's far samples move little:
 
                  robust(cell) = median(cell) * k(op, B)
                  k(op, B)     = sum_i n_i (mean_i / median_i) / sum_i n_i  over the op's cells at B whose
                                 mean / median <= MEAN_MAX (pipeline/profiling/trust.py; none left: k = 1)
 
-    mean     the cell's mean: what a throughput integrates, if the cell's samples are decoding's, but
-             a few far samples move it (above)
+             On clean cells (mean / median 0.97-1.04 in the 2026-11-28 demos) it is the mean to
+             within a percent or two; a cell of one op alone (a policy's) is its mean.
+    median   the cell's median: a few far samples cannot move it, but it sits below the mean by the
+             skew
+    mean     the cell's mean: a few far samples move it (above)
 
-Why the median: chosen by measurement against real decoding on held-out prompts (the fidelity
-benchmark, online/bench/fidelity.py; docs/benchmarks/2026-11-28-clock.md, clock-1): mean |tokens/s
-error| at B = 1 over AR, static, grid-best and LTD on two datasets, 2-core AMD EPYC (AVX512-BF16):
+Why robust: measured against real decoding, the mean |decode tokens/s error| at B = 1 over AR,
+static, grid-best and LTD on two held-out datasets (validate's sim-vs-real `by_point`: the same
+replay timed at each point), 2-core AMD EPYC (AVX512-BF16), docs/benchmarks/2026-11-28-clock.md:
 
-                 fp32     bf16
-    median       2.2 %    2.7 %
-    robust       3.3 %    2.6 %
-    mean         4.1 %    3.3 %
+                          robust    median    mean
+    fidelity bench, fp32   3.3 %     2.2 %    4.1 %
+    fidelity bench, bf16   2.6 %     2.7 %    3.3 %
+    make demo, bf16        8.2 %     9.9 %    8.5 %
+    make demo, fp32        4.0 %     5.2 %    3.9 %
+    the four runs          4.5 %     5.0 %    5.0 %
 
-At the robust point the clock priced decoding's own cycles 1-7 % dear in fp32 (static's V = 60
-verify up to 13 % in bf16; online/validate/sim_vs_real.py cycle_cost), and the median, below the mean
-by the profile's skew, takes part of that back. What makes the profile dear is not settled: not the
-order of its shapes (a step right after another shape costs what the same step repeated costs, within
-3 %, bf16, clock-2). Every validate report prints the error at each point (sim-vs-real's `by_point`),
-so another machine can check the choice.
+The differences are within this VM's drift (the clock on decoding's own cycles, online/validate/
+sim_vs_real.py cycle_cost, was 2-7 % dear in one run and 3-8 % cheap in another); robust is the one
+that estimates what a throughput integrates and is also immune to one cell's far samples. Every
+validate report prints the error at each point, so another machine can check the choice.
 """
 from __future__ import annotations
 

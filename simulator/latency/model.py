@@ -259,9 +259,9 @@ class LatencyModel:
         with an fp32 profile would be a different machine). A profile whose rows mix dtypes is
         refused with a one-line error, whatever is asked.
 
-        point: the cell statistic the model prices (simulator/latency/estimate.py): "median"
-        (default: a few far samples in one cell cannot move its price; chosen by measurement against
-        real decoding), "robust" (the median times its op's typical mean / median) or "mean".
+        point: the cell statistic the model prices (simulator/latency/estimate.py): "robust"
+        (default: each cell's median times its op's typical mean / median, so a few far samples in one
+        cell cannot move its price; chosen by measurement against real decoding), "median" or "mean".
 
         trust: leave the profile's suspect cells out (default; pipeline/profiling/trust.py: a wild
         spread, an outlier mean, or dearer than a larger V, B or c); meta["suspect"] names them and

@@ -44,7 +44,7 @@ are clock marks (pipeline/runtime/clock.py: CUDA events on a GPU, so timing adds
 into its record's times when the call ends; the call's own clock reads (start, end, refills,
 arrivals) and a level hook's asks do sync. Row bookkeeping (token lists, EOS, refills) is Python.
 
-On a GPU (issue N) the step's three fixed-shape parts (pipeline/decode/batch/step.py: pending,
+On a GPU the step's three fixed-shape parts (pipeline/decode/batch/step.py: pending,
 draft, greedy verify) run as CUDA graphs (pipeline/runtime/cuda_graphs.py), one per key (A, M, span),
 (A, D, W, V, span), (A, V, span), captured the first time a key occurs and replayed after. So that
 shapes do not follow the rows' lengths, the keys a step reads, [0, span), are rounded up to a

@@ -1,7 +1,7 @@
 """The batch-1 EAGLE-3 cycle as the engine ran it until 2026-11-27, kept as the tests' oracle.
 
 `Engine` (pipeline/decode/engine.py) now runs every generation on the batched engine at B = 1
-(issue N: one engine). This is the loop it replaced, on a growing DynamicCache, one token list,
+(one engine). This is the loop it replaced, on a growing DynamicCache, one token list,
 the cycle of docs/design.md read top to bottom, untimed:
 
     draft : head over the pending entries (f_t, x_{t+1}), t < n  -> root's W children, then up to

@@ -1,4 +1,4 @@
-"""One engine (issue N item 2): `Engine` runs every generation on the batched engine at B = 1.
+"""One engine: `Engine` runs every generation on the batched engine at B = 1.
 
 It must give what the batch-1 loop it replaced gave (tests/pipeline/decode/reference_engine.py, the oracle), cycle
 for cycle in fp32 (tokens, depth, width, V, accepted, emitted, context), for static trees, chains,

@@ -1,4 +1,4 @@
-"""Profiles you can trust (issue P, item 6): suspect cells found (a wild spread, a verify dearer than a
+"""Profiles you can trust: suspect cells found (a wild spread, a verify dearer than a
 larger V or B), re-measured by `draftgym profile`, and left out and named by the latency model that
 `tune`, `serve-eval` and `train-load` build. Synthetic rows; a few seconds."""
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_a_cell_dearer_than_at_a_longer_context_is_suspect():
 
 
 def test_a_few_slow_samples_do_not_move_the_price():
-    """The incident of issue S: a cell whose mean a few slow samples moved to 1.44x its median (under
+    """The incident: a cell whose mean a few slow samples moved to 1.44x its median (under
     the outlier rule's 1.5x, so not left out). The default point (simulator/latency/estimate.py:
     robust, the median times the op's typical mean / median) prices it within 2 % of its clean mean,
     and clean cells as their mean to within 2 %; the median point prices it as the clean profile

@@ -257,7 +257,7 @@ def test_tune_cli(root, w10_root, tmp_path, capsys):
 
 def test_tune_what_if_prices_the_logs_with_another_models_profile(root, tmp_path, capsys):
     """--latency-model: the logs' acceptance, the step costs of another model's profile in its own dtype
-    (issue P item 4: SmolLM2's logs on an 8B target's GPU profile). A copy of the logs' own profile,
+    (SmolLM2's logs on an 8B target's GPU profile). A copy of the logs' own profile,
     renamed to another model in bf16 and 3x slower everywhere, gives 1/3 the tokens/s and the same x AR
     at every B; without the option that profile is not the logs' and is refused in one line."""
     import pyarrow.parquet as pq

@@ -1,5 +1,5 @@
 """tune's bisection between tuned batch sizes whose best shapes differ, and the mix bound
-(simulator/serving/tune.py; issue P item 4: on the H200's 8B-shaped profile the tree best at B = 8
+(simulator/serving/tune.py; on the H200's 8B-shaped profile the tree best at B = 8
 held up to B = 15, 5.9 % below AR there)."""
 from __future__ import annotations
 
