@@ -113,8 +113,10 @@ def test_validate_profile_first(tmp_path, tiny_model_dir, tiny_logs, radar_ckpt,
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert sorted(map(str, table_files(tiny_logs, "latency"))) == before
     pf = rep["profile_first"]
-    assert pf["policies_timed"] == 1 and rep["latency_profile"] == {"root": str(out), "profile_id": pf["profile_id"],
-                                                                  "point": "robust", "trust_note": None}
+    assert pf["policies_timed"] == 1 and {k: v for k, v in rep["latency_profile"].items() if k != "trust_note"} == {
+        "root": str(out), "profile_id": pf["profile_id"], "point": "robust"}
+    note = rep["latency_profile"]["trust_note"]          # a tiny target's noisy cells may be named, in one line
+    assert note is None or (note.startswith(f"latency profile {pf['profile_id']}: left out") and "\n" not in note)
     from simulator.latency.model import LatencyModel
     from simulator.methods.checkpoint import latency_key
     lat = LatencyModel.from_logs(out)
