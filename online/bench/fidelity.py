@@ -30,6 +30,10 @@ the device's, (replayed - real) / real, not anchored to anything measured in the
 and per dtype: the mean absolute raw error, the largest, and how many rows are within 10 %. A
 command that fails is named in the report with its last line; the rows it would have given are
 missing, the others stay. Reruns in the same --work resume (collect and profile skip what exists).
+
+`--repeatability RUN1/<dtype> RUN2/<dtype>` runs nothing: it sets two runs' real decode tokens/s side by
+side, row by row. The tokens are the same in both, so what moves is the machine: no single run's replay
+error can be trusted below that spread.
 """
 from __future__ import annotations
 
@@ -98,24 +102,64 @@ def b1_rows(rep: dict) -> list[dict]:
         svr = e.get("sim_vs_real") or {}
         if "ar" in svr:
             rows.append({"setting": "B = 1", "dataset": ds, "method": "ar", "raw": svr["ar"]["tokens_per_s_rel_error"],
-                         "own_text": None, "clock": None})
+                         "own_text": None, "clock": None, "real": svr["ar"].get("real_decode_tokens_per_s")})
         for name, s in (svr.get("methods") or {}).items():
             rows.append({"setting": "B = 1", "dataset": ds, "method": name, "raw": s["tokens_per_s_rel_error"],
                          "own_text": (s.get("reanchored") or {}).get("tokens_per_s_rel_error"),
-                         "clock": (s.get("cost") or {}).get("step")})
+                         "clock": (s.get("cost") or {}).get("step"), "real": s.get("real_decode_tokens_per_s")})
     return rows
 
 
 def batch_rows(rep: dict) -> list[dict]:
     return [{"setting": f"B = {B}", "dataset": ds, "method": name, "raw": s.get("replay_rel_error"), "own_text": None,
-             "clock": s.get("cost_rel_error")}
+             "clock": s.get("cost_rel_error"), "real": s.get("held_decode_tokens_per_s")}
             for ds, e in rep["datasets"].items() for B, by in e["by_batch"].items() for name, s in by.items()
             if s.get("replay_rel_error") is not None]
 
 
 def load_rows(rep: dict) -> list[dict]:
     return [{"setting": "load", "dataset": ",".join(rep["config"]["datasets"]), "method": r["name"], "raw": (r.get("replay_rel_error") or {}).get("tokens_per_s"), "own_text": None,
-             "clock": r.get("cost_rel_error")} for r in rep["rows"] if (r.get("replay_rel_error") or {}).get("tokens_per_s") is not None]
+             "clock": r.get("cost_rel_error"), "real": r.get("tokens_per_s")} for r in rep["rows"] if (r.get("replay_rel_error") or {}).get("tokens_per_s") is not None]
+
+
+READERS = {"b1": b1_rows, "batch": batch_rows, "load": load_rows}
+
+
+def work_rows(work: Path, settings=SETTINGS) -> list[dict]:
+    """The rows of the validate reports a run left under one dtype's work folder."""
+    rows = []
+    for setting in settings:
+        path = Path(work) / setting / "report.json"
+        if path.is_file():
+            rows += READERS[setting](json.loads(path.read_text()))
+    return rows
+
+
+def repeatability(work_a: Path, work_b: Path) -> dict:
+    """Two runs of the benchmark (one dtype's work folders) on the same machine: how far real decoding
+    moves between them, row by row, beside each run's replay error. Tokens and text are the same in both
+    runs (the same logs, prompts and engine), so the real-against-real spread is the machine's own
+    repeatability: a floor under any replay error that a single run can show."""
+    a = {(r["setting"], r["dataset"], r["method"]): r for r in work_rows(work_a)}
+    b = {(r["setting"], r["dataset"], r["method"]): r for r in work_rows(work_b)}
+    rows = [{"setting": k[0], "dataset": k[1], "method": k[2], "real_a": a[k]["real"], "real_b": b[k]["real"],
+             "real_rel": b[k]["real"] / a[k]["real"] - 1, "raw_a": a[k]["raw"], "raw_b": b[k]["raw"]}
+            for k in a if k in b and a[k].get("real") and b[k].get("real")]
+    by = {}
+    for s in dict.fromkeys(r["setting"] for r in rows):
+        rs = [r for r in rows if r["setting"] == s]
+        real, raw = np.abs([r["real_rel"] for r in rs]), np.abs([[r["raw_a"], r["raw_b"]] for r in rs])
+        by[s] = {"rows": len(rs), "real_mean_abs": float(real.mean()), "real_max_abs": float(real.max()),
+                 "real_within_10pct": int((real <= 0.10).sum()), "replay_mean_abs": float(raw.mean())}
+    return {"rows": rows, "by_setting": by}
+
+
+def repeatability_table(rep: dict) -> str:
+    out = ["| setting | rows | real run b / run a, mean abs | largest | within 10 % | replay error, mean abs (both runs) |",
+           "|---|---|---|---|---|---|"]
+    out += [f"| {s} | {v['rows']} | {100 * v['real_mean_abs']:.1f} % | {100 * v['real_max_abs']:.1f} % | "
+            f"{v['real_within_10pct']} | {100 * v['replay_mean_abs']:.1f} % |" for s, v in rep["by_setting"].items()]
+    return "\n".join(out)
 
 
 def summary(rows: list[dict]) -> dict:
@@ -135,14 +179,12 @@ def run_dtype(a, dtype: str) -> dict:
     for name, argv in cmds.items():
         if name.startswith("collect") or name == "profile":
             _cmd(argv, log)
-    for setting, read in (("b1", b1_rows), ("batch", batch_rows), ("load", load_rows)):
+    for setting in SETTINGS:
         if setting not in a.settings.split(","):
             continue
         (work / setting / "report.json").unlink(missing_ok=True)        # read only this run's report
         _cmd(cmds[setting], log)
-        path = work / setting / "report.json"
-        if path.is_file():
-            rows += read(json.loads(path.read_text()))
+        rows += work_rows(work, (setting,))
     return {"dtype": dtype, "environment": environment_fingerprint("cpu", dtype), "commands": log, "rows": rows,
             "summary": summary(rows), "by_setting": {s: summary([r for r in rows if r["setting"] == s])
                                                      for s in dict.fromkeys(r["setting"] for r in rows)}}
@@ -187,7 +229,23 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes, each measured in turn")
     ap.add_argument("--work", default="data/reports/bench/fidelity", help="logs, profiles and validate reports")
     ap.add_argument("--out", default=None, help="write the JSON report here (default: print only)")
+    ap.add_argument("--repeatability", nargs=2, metavar=("WORK_A", "WORK_B"), default=None,
+                    help="run nothing: compare two earlier runs' work folders of one dtype (e.g. RUN1/bfloat16 "
+                         "RUN2/bfloat16): real decoding's run-to-run spread beside the replay error")
     a = ap.parse_args(argv)
+    if a.repeatability:
+        missing = [w for w in a.repeatability if not Path(w).is_dir()]
+        if missing:
+            print(f"bench fidelity: error: work folder {missing[0]} not found", file=sys.stderr)
+            return 2
+        rep = repeatability(*map(Path, a.repeatability))
+        if not rep["rows"]:
+            print(f"bench fidelity: error: no row measured in both {a.repeatability[0]} and {a.repeatability[1]}", file=sys.stderr)
+            return 2
+        print(repeatability_table(rep))
+        if a.out:
+            atomic_write_json(rep, a.out)
+        return 0
     bad = sorted(set(a.settings.split(",")) - set(SETTINGS))
     if bad:
         print(f"bench fidelity: error: unknown setting(s) {bad}; choose from {', '.join(SETTINGS)}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """`make bench` (python -m online.bench): runs the chosen benchmarks and prints one summary table."""
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,25 @@ def test_fidelity_rows_read_the_reports_errors():
            "by_setting": {"B = 1": F.summary(rows[:2])}}
     md = F.tables({"date": "d", "runs": [run]})
     assert "| B = 1 | mt-bench | static | +12.0% | -1.0% | +2.0% |" in md and "4 rows, mean |raw error| 10.0 %" in md
+
+
+def test_fidelity_repeatability_sets_two_runs_side_by_side(tmp_path):
+    """--repeatability: two runs' work folders, matched row by row: real decoding's run-to-run change
+    beside each run's replay error; a row measured in one run only is left out."""
+    def batch(real_ar, real_chain, err):
+        return {"datasets": {"humaneval": {"by_batch": {"4": {
+            "ar": {"replay_rel_error": err, "cost_rel_error": err, "held_decode_tokens_per_s": real_ar},
+            "chain:2": {"replay_rel_error": -err, "cost_rel_error": 0.0, "held_decode_tokens_per_s": real_chain}}}}}}
+    for run, rep in (("a", batch(100.0, 80.0, 0.04)), ("b", batch(108.0, 60.0, 0.02))):
+        (tmp_path / run / "batch").mkdir(parents=True)
+        (tmp_path / run / "batch" / "report.json").write_text(json.dumps(rep))
+    (tmp_path / "a" / "load").mkdir()
+    (tmp_path / "a" / "load" / "report.json").write_text(json.dumps({"config": {"datasets": ["x"]}, "rows": [
+        {"name": "AR", "tokens_per_s": 50.0, "replay_rel_error": {"tokens_per_s": 0.1}}]}))
+    rep = F.repeatability(tmp_path / "a", tmp_path / "b")
+    assert [(r["method"], round(r["real_rel"], 4)) for r in rep["rows"]] == [("ar", 0.08), ("chain:2", -0.25)]
+    s = rep["by_setting"]["B = 4"]
+    assert s["rows"] == 2 and s["real_mean_abs"] == pytest.approx(0.165) and s["real_within_10pct"] == 1
+    assert s["replay_mean_abs"] == pytest.approx(0.03) and "load" not in rep["by_setting"]
+    assert "| B = 4 | 2 | 16.5 % | 25.0 % | 1 | 3.0 % |" in F.repeatability_table(rep)
+    assert F.main(["--repeatability", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
