@@ -281,6 +281,13 @@ def add_serve_eval(sub: argparse._SubParsersAction) -> None:
                    help="SGLang --speculative-adaptive-config JSON to replay (default: SGLang's stored tiers)")
     p.add_argument("--sglang-initial-steps", type=COUNT, help="SGLang's --speculative-num-steps")
     p.add_argument("--no-oracle", dest="oracle", action="store_false", help="skip the greedy per-step oracle")
+    p.add_argument("--row-budget-k", type=NON_NEGATIVE,
+                   help="per-request budgets: fit the acceptance model on the tuning split for chains up to K and "
+                        "replay the learned allocator (simulator/serving/choosers/row_budget.py); 0: skip")
+    p.add_argument("--switch-ms", type=NON_NEGATIVE_FLOAT,
+                   help="ms the modelled engine adds to a step whose shape differs from the step before")
+    p.add_argument("--off-factor", type=POSITIVE_FLOAT,
+                   help="an off step costs this many times the profiled AR step (K = 0 inside a speculative engine)")
     p.add_argument("--policy", dest="policies", metavar="DIR", action="append", default=[],
                    help="a load-aware policy from `draftgym train-load` to replay too (repeatable)")
     p.add_argument("--out", default=None, help="write the table as JSON (default: print only)")

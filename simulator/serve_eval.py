@@ -14,6 +14,10 @@ file; each request replays one logged sequence of the evaluated split; continuou
     SGLang adaptive    SGLang's EMA rule with its stored tiers or --sglang-config (sglang_adaptive.py)
     SGLang throughput  SGLang's throughput-aware rule on its documented example tiers, its cost table
                        read from this run's latency profile (sglang_throughput.py; chains: width-1 logs)
+    per-request budget each row verifies its own prefix of one drafted chain, drafts stop when one more
+                       would not pay, kept by a learned acceptance model (fitted here on the tuning
+                       split, chains up to --row-budget-k) and the profile's cost
+                       (choosers/row_budget.py; width-1 logs)
     oracle             per step, the hindsight best shape of the tuning candidates (choosers.GreedyOracle:
                        greedy, not an upper bound)
     learned            each --policy: a load-aware policy from `draftgym train-load`, loaded through
@@ -45,7 +49,7 @@ from simulator.latency.diagnostics import prefill_note
 from simulator.serving import arrivals as arr
 from simulator.serving import metrics
 from simulator.serving import shapes as S
-from simulator.serving.load import serve
+from simulator.serving.load import SwitchPrice, serve
 from simulator.serving.choosers.base import GreedyOracle, ScheduleChooser, StaticChooser
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
@@ -73,6 +77,9 @@ class ServeEvalConfig(ServingLogsConfig):
     sglang_config: str | None = None      # SGLang adaptive JSON (default: its stored tiers)
     sglang_initial_steps: int = 3         # SGLang's --speculative-num-steps (each tier's start)
     oracle: bool = True                   # run the greedy per-step oracle
+    row_budget_k: int = 5                 # per-request budgets: chains up to K (0: skip)
+    switch_ms: float = 0.0                # the modelled engine's price of a shape switch (load.SwitchPrice)
+    off_factor: float = 1.0               # an off step's cost over the profiled AR step
     policies: tuple = ()                  # load-aware policy directories (`draftgym train-load`) to replay too
     out: str | None = None                # write the table as JSON
     write_trace: str | None = None        # write the arrival times to this file and exit (no replay)
@@ -181,11 +188,20 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
         else:
             methods.append(m)
     methods += learned_choosers(cfg.policies, logs, max_batch)
+    if cfg.row_budget_k:
+        if 1 in tune_logs.w and 1 in logs.w:
+            from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
+
+            k = min(cfg.row_budget_k, tune_logs.max_depth)
+            methods.append(CalibratedBudget(AcceptanceModel.fit(tune_logs, k, split=cfg.tune_split)))
+        else:
+            notes.append("per-request budget skipped: it needs width-1 logs (collect with --widths 1,10)")
     if cfg.oracle:
         methods.append(GreedyOracle())
     shapes = list(dict.fromkeys([*cands, *sched.shapes(), best, *(s for m in methods for s in m.shapes())]))
     table = ShapeTable(logs, shapes)
-    results = [serve(logs, lat, table, m, arrivals, max_batch) for m in methods]          # methods[0] is AR
+    price = SwitchPrice(cfg.switch_ms / 1e3, cfg.off_factor)
+    results = [serve(logs, lat, table, m, arrivals, max_batch, price=price) for m in methods]   # methods[0] is AR
     ar = results[0]
     target = cfg.tpot_target or float(np.nanmedian(metrics.tpot(ar.join, ar.finish, ar.tokens)))
     rows = [{"name": m.name, **metrics.summarize(r, target)} for m, r in zip(methods, results)]
@@ -200,7 +216,8 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
         notes += short_segments(parse_positive_ints(cfg.target_batches, "--target-batches"), rows[0]["mean_batch_by_rate"])
     return {"rows": rows, "load": load, "max_batch": max_batch, "tpot_target_s": target, "schedule": sched.to_json()["ranges"],
             "best_static": S.label(best), "static_on_tune_split": static_runs, "notes": notes,
-            "split": cfg.split, "tune_split": cfg.tune_split, "latency_profile": lat.meta.get("profile_id")}
+            "split": cfg.split, "tune_split": cfg.tune_split, "latency_profile": lat.meta.get("profile_id"),
+            "switch_price": {"switch_ms": cfg.switch_ms, "off_factor": cfg.off_factor}}
 
 
 def batch_by_segment(res, arrivals, counts) -> list[float]:
@@ -240,11 +257,12 @@ def run_serve_eval_command(cfg: ServeEvalConfig) -> int:
         "Poisson sweep at " + ", ".join(f"{r:.2f}" for r in load["rates"]) + f" req/s ({per_rate(load['requests_per_rate'])})"
     print(f"load: {how}; up to {rep['max_batch']} rows; split {rep['split']}; latency {rep['latency_profile']}")
     print(f"{'method':<34} {'tok/s':>8} {'x AR':>5} {'TPOT ms':>8} {'p90':>7} {'queue ms':>8} "
-          f"{'goodput':>8} {'tau':>5} {'drafts':>6} {'mean B':>6} {'max B':>5}")
+          f"{'goodput':>8} {'tau':>5} {'drafts':>6} {'mean B':>6} {'max B':>5} {'sw/s':>6}")
     for r in rep["rows"]:
         print(f"{r['name']:<34} {r['tokens_per_s']:>8.1f} {r['x_ar']:>5.2f} {1e3 * r['tpot_mean_s']:>8.2f} "
               f"{1e3 * r['tpot_p90_s']:>7.2f} {1e3 * r['queue_mean_s']:>8.1f} {r['goodput_tokens_per_s']:>8.1f} "
-              f"{r['tau']:>5.2f} {r['drafts_per_step']:>6.2f} {r['mean_batch']:>6.2f} {r['max_batch']:>5d}")
+              f"{r['tau']:>5.2f} {r['drafts_per_step']:>6.2f} {r['mean_batch']:>6.2f} {r['max_batch']:>5d} "
+              f"{r['switches_per_s']:>6.1f}")
     if "rates" in load:
         print("mean TPOT (ms) of the requests arriving at each rate:")
         print(f"{'method':<34} " + " ".join(f"{r:>7.2f}/s" for r in load["rates"]))

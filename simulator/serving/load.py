@@ -8,11 +8,25 @@ Event loop (one iteration = one step boundary at time t):
        of its n prompt tokens, t += t_prefill(n), when the profile has prefill rows), and requests
        arriving meanwhile join at the same boundary; a request's join time is when its prefill starts.
     2. if no row is active, jump t to the next arrival and admit again.
-    3. the chooser picks one shape s for the B active rows (choosers.py); each row r takes its logged
-       L_r(s), emits e_r = min(L_r + 1, left_r), advances by L_r + 1; the step costs
+    3. the chooser picks one shape s for the B active rows (choosers/base.py); each row r takes its
+       logged L_r(s), emits e_r = min(L_r + 1, left_r), advances by L_r + 1; the step costs
        t(s, B, c) at the batch's step context c (LatencyModel.step_context) (+ the chooser's own
-       cost, Chooser.extra_time) and t += t(s, B, c).
+       cost, Chooser.extra_time) and t += t(s, B, c). A chooser may instead give each row its own
+       shape under one drafted shape (RowShapes: per-request budgets); row r then takes L_r(s_r) and
+       the step costs ShapeTable.row_step_time. A step's shape (step_shape) is the drafted one.
     4. rows that are done leave (finish time t); their slots are free at the next boundary.
+
+Switching and its price (`SwitchPrice`, default free). An engine prepares one state per shape (a
+CUDA graph per step count in SGLang's adaptive rule; vLLM's per-batch-size K) and pays for moving
+between them, and one configured for speculation pays for an "off" step more than a plain decoder:
+
+    t_step <- t_step * off_factor       when the step is off (vLLM with K = 0 inside a speculative
+                                        config: the drafter's bookkeeping still runs)
+    t_step <- t_step + switch_s          when the step's shape differs from the previous step's
+
+Both are properties of the engine being modelled, set by the user (serve-eval --switch-ms,
+--off-factor) from a measurement such as `draftgym vllm-run`'s; the replay counts switches either way
+(metrics.summarize: switches, switches/s).
 
 So the batch size moves with the load: a few rows at low arrival rates, up to max_batch when the
 queue builds. Arrivals during a step wait for its end (the engine admits between steps). All
@@ -30,8 +44,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import DataError
-from simulator.serving.choosers.base import Chooser, StepView
+from simulator.serving.choosers.base import Chooser, RowShapes, StepView
 from simulator.serving.replay import ShapeTable, request_sequences
+
+
+@dataclass(frozen=True)
+class SwitchPrice:
+    """What the modelled engine charges for switching (module docstring)."""
+    switch_s: float = 0.0        # s added to a step whose shape differs from the previous step's
+    off_factor: float = 1.0      # an off step costs this many times the profiled AR step
+
+    def __post_init__(self):
+        if self.switch_s < 0 or self.off_factor <= 0:
+            raise DataError(f"switch price must be >= 0 s and the off factor > 0, got {self.switch_s}, {self.off_factor}")
 
 
 @dataclass
@@ -47,18 +72,20 @@ class ServingResult:
     step_start: np.ndarray       # [N] s
     step_time: np.ndarray        # [N] s
     step_batch: np.ndarray       # [N] B
-    step_shape: np.ndarray       # [N] index into shapes
+    step_shape: np.ndarray       # [N] index into shapes (the drafted shape of a per-row step)
     step_emitted: np.ndarray     # [N] tokens emitted by the whole batch
-    step_drafted: np.ndarray     # [N] draft tokens verified by the whole batch, B (V - 1)
+    step_drafted: np.ndarray     # [N] draft tokens verified by the whole batch, sum_r (V_r - 1)
     step_queued: np.ndarray      # [N] requests waiting at the step's start
     prefill: np.ndarray | None = None  # [R] s of each request's prefill (0 without prefill rows)
     row_trace: dict | None = None  # per row-step: request, shape, accepted, emitted (trace=True)
 
 
 def serve(logs, latency, table: ShapeTable, chooser: Chooser, arrivals, max_batch: int,
-          request_seq=None, trace: bool = False, max_steps: int | None = None, prefill: bool = True) -> ServingResult:
+          request_seq=None, trace: bool = False, max_steps: int | None = None, prefill: bool = True,
+          price: SwitchPrice | None = None) -> ServingResult:
     """Replay requests arriving at `arrivals` ([R] s, non-decreasing) under `chooser` (module docstring).
-    prefill=False leaves the prefills out even when the profile has them."""
+    prefill=False leaves the prefills out even when the profile has them; `price` charges switches."""
+    price = price or SwitchPrice()
     arrivals = np.asarray(arrivals, np.float64)
     R = len(arrivals)
     if R == 0:
@@ -77,7 +104,7 @@ def serve(logs, latency, table: ShapeTable, chooser: Chooser, arrivals, max_batc
     st = {k: [] for k in ("start", "time", "batch", "shape", "emitted", "drafted", "queued")}
     rt = {k: [] for k in ("request", "shape", "accepted", "emitted")} if trace else None
     chooser.reset(table, latency)
-    t, q = 0.0, 0                                                   # clock; next request to admit
+    t, q, last = 0.0, 0, None                                       # clock; next request to admit; last shape
     while q < R or (slot_req >= 0).any():
         while True:                                                 # 1. admit, first come first served
             arrived = int(np.searchsorted(arrivals, t, side="right"))
@@ -99,17 +126,30 @@ def serve(logs, latency, table: ShapeTable, chooser: Chooser, arrivals, max_batc
         B = len(act)
         view = StepView(batch=B, rows=rows, context_len=logs.context_len[rows], left=target[req] - p,
                         requests=req, time=t, queued=arrived - q)
-        a = int(chooser.choose(view))                               # 3. one shape for the step
-        L = table.accepted(rows, a)
-        dt = float(table.step_time(latency, a, B, latency.step_context(view.context_len))) + chooser.extra_time(view, a)
+        a = chooser.choose(view)                                    # 3. the step's shape(s)
+        c = latency.step_context(view.context_len)
+        if isinstance(a, RowShapes):
+            row_a, step_a = np.asarray(a.rows, np.int64), int(a.draft)
+            dt = table.row_step_time(latency, step_a, row_a, B, c)
+        else:
+            a = step_a = int(a)
+            row_a = np.full(B, a)
+            dt = float(table.step_time(latency, a, B, c))
+        L = table.accepted(rows, row_a)
+        if table.depth[step_a] == 0:
+            dt *= price.off_factor
+        if last is not None and step_a != last:
+            dt += price.switch_s
+        last = step_a
+        dt += chooser.extra_time(view, a)
         e = np.minimum(L + 1, view.left)
         tokens[req] += e
         cycles[req] += 1
-        for key, v in (("start", t), ("time", dt), ("batch", B), ("shape", a), ("emitted", int(e.sum())),
-                       ("drafted", B * int(table.drafts(a))), ("queued", view.queued)):
+        for key, v in (("start", t), ("time", dt), ("batch", B), ("shape", step_a), ("emitted", int(e.sum())),
+                       ("drafted", int(table.drafts(row_a).sum())), ("queued", view.queued)):
             st[key].append(v)
         if rt is not None:
-            for key, v in (("request", req), ("shape", np.full(B, a)), ("accepted", L), ("emitted", e)):
+            for key, v in (("request", req), ("shape", row_a), ("accepted", L), ("emitted", e)):
                 rt[key].append(v)
         t += dt
         chooser.observe(view, a, L)

@@ -9,6 +9,8 @@
                    iteration-weighted tau at B = 1)
     drafts/step    draft tokens verified per row-step, V - 1 averaged (0 for an AR step)
     mean batch     row-steps / steps
+    switches       steps whose shape differs from the step before (the drafted shape of a per-row
+                   step); switches/s over the busy time
 
     prefill share  the requests' prefill seconds over the makespan
 
@@ -57,6 +59,8 @@ def summarize(res, tpot_target: float | None = None) -> dict:
            "tpot_p90_s": float(np.nanpercentile(tp, 90)) if len(tp) else float("nan"),
            "queue_mean_s": float(q.mean()) if len(q) else 0.0,
            "queue_p90_s": float(np.percentile(q, 90)) if len(q) else 0.0}
+    out["switches"] = int((np.diff(res.step_shape) != 0).sum()) if steps > 1 else 0
+    out["switches_per_s"] = out["switches"] / busy if busy > 0 else 0.0
     pf = float(np.sum(res.prefill)) if getattr(res, "prefill", None) is not None else 0.0
     out["prefill_s"] = pf
     out["prefill_share"] = pf / span if span > 0 else 0.0

@@ -2,8 +2,10 @@
 
 A chooser sees, before each step, a `StepView` of the batch (B, the rows' log rows, contexts and
 tokens left, the queue; on the device also the rows' measured draft confidences) and returns an
-index into the replay's `ShapeTable`; after the step it is told every row's L (SGLang's adaptive
-rule learns from it). A chooser whose decision costs time (a learned policy:
+index into the replay's `ShapeTable` (one shape for every row), or a `RowShapes` (a per-request
+budget: every row drafts the same chain, each verifies its own prefix of it; vLLM's adaptive
+verification, simulator/serving/choosers/vllm_adaptive.py); after the step it is told every row's L
+(SGLang's adaptive rule learns from it). A chooser whose decision costs time (a learned policy:
 simulator/serving/choosers/learned.py) says how much in `extra_time`. Choosers here:
 
     StaticChooser     one shape for every step (AR is the static "off")
@@ -42,6 +44,16 @@ class StepView:
                                            # cleans them); None in the replay, which reads the logs' rows
 
 
+@dataclass
+class RowShapes:
+    """One step, a shape per row: the step drafts `draft` (a shape index: its D forwards of W beams for
+    every row, what the draft phase costs) and row r verifies `rows[r]` (a shape index of the same
+    width and no deeper, or off: nothing verified beyond its root). The verify is one forward over
+    sum_r V_r tokens (ShapeTable.row_step_time prices it)."""
+    draft: int
+    rows: np.ndarray             # [B] shape index each row verifies
+
+
 class Chooser:
     name = "chooser"
 
@@ -49,7 +61,7 @@ class Chooser:
         """Called once before a run, with the replay's ShapeTable and the latency model."""
         self.table, self.latency = table, latency
 
-    def choose(self, view: StepView) -> int:
+    def choose(self, view: StepView) -> "int | RowShapes":
         raise NotImplementedError
 
     def observe(self, view: StepView, a: int, accepted: np.ndarray) -> None:
