@@ -12,6 +12,9 @@ file; each request replays one logged sequence of the evaluated split; continuou
     vLLM example       vLLM's documented EAGLE-3 schedule, chain K: 1-16 -> 5, 17-32 -> 4, 33-64 -> 3,
                        65-128 -> 1, 129-512 -> 0 (needs width-1 logs)
     SGLang adaptive    SGLang's EMA rule with its stored tiers or --sglang-config (sglang_adaptive.py)
+    vLLM adaptive      vLLM's adaptive verification: every row drafts a chain of K, the verify keeps the
+                       best draft slots by an online-fitted survival estimate under a budget priced by
+                       start-up cost tables (vllm_adaptive.py; K = --row-budget-k; width-1 logs)
     SGLang throughput  SGLang's throughput-aware rule on its documented example tiers, its cost table
                        read from this run's latency profile (sglang_throughput.py; chains: width-1 logs)
     per-request budget each row verifies its own prefix of one drafted chain, drafts stop when one more
@@ -193,15 +196,21 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
             from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
 
             k = min(cfg.row_budget_k, tune_logs.max_depth)
+            from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
+
+            methods.append(VLLMAdaptiveVerification(k))
             methods.append(CalibratedBudget(AcceptanceModel.fit(tune_logs, k, split=cfg.tune_split)))
         else:
-            notes.append("per-request budget skipped: it needs width-1 logs (collect with --widths 1,10)")
+            notes.append("per-request budget and vLLM adaptive verification skipped: they need width-1 logs (collect "
+                         "with --widths 1,10)")
     if cfg.oracle:
         methods.append(GreedyOracle())
     shapes = list(dict.fromkeys([*cands, *sched.shapes(), best, *(s for m in methods for s in m.shapes())]))
     table = ShapeTable(logs, shapes)
     price = SwitchPrice(cfg.switch_ms / 1e3, cfg.off_factor)
-    results = [serve(logs, lat, table, m, arrivals, max_batch, price=price) for m in methods]   # methods[0] is AR
+    # methods[0] is AR: a plain decoder, outside any speculative config, pays no switching price
+    results = [serve(logs, lat, table, m, arrivals, max_batch, price=SwitchPrice() if i == 0 else price)
+               for i, m in enumerate(methods)]
     ar = results[0]
     target = cfg.tpot_target or float(np.nanmedian(metrics.tpot(ar.join, ar.finish, ar.tokens)))
     rows = [{"name": m.name, **metrics.summarize(r, target)} for m, r in zip(methods, results)]

@@ -111,3 +111,65 @@ def test_acceptance_model_fits_reproducibly_saves_and_a_learned_budget_is_lossle
     res = serve(logs, lat, table, ch, np.zeros(12), 4, trace=True)
     assert (res.tokens == logs.new_tokens[res.seq] - 1).all()                   # every request emits its text
     assert (res.row_trace["accepted"] <= 3).all() and res.step_drafted.sum() > 0
+
+
+def test_vllm_feature_is_the_log_odds_of_each_chain_draft(logs):
+    from simulator.serving.choosers.vllm_adaptive import top_logodds
+
+    rows = np.arange(min(50, logs.n_positions))
+    s = logs.w[1].beam_scores[rows, :3, 0].astype(np.float64)
+    q = np.exp(np.diff(np.concatenate([np.zeros((len(rows), 1)), s], 1), axis=1))
+    f = top_logodds(logs, rows, 3)
+    ok = q < 1 - 1e-9
+    assert np.allclose(f[ok], np.clip(np.log(q / (1 - q)), -40, 40)[ok], atol=1e-6)
+
+
+def test_vllm_estimator_refit_is_the_newton_step_of_the_full_system(monkeypatch):
+    """The arrowhead solve equals np.linalg.solve on (X^T W X + l I) d = X^T (y - p) (damping off)."""
+    from simulator.serving.choosers import vllm_adaptive as V
+
+    monkeypatch.setattr(V, "DAMPING", 0.0)
+    rng = np.random.default_rng(0)
+    K, B = 3, 40
+    est = V.OnlineEstimator(K)
+    f = rng.normal(0, 2, (B, K))
+    p = est.predict(f)
+    acc = np.argmin(np.concatenate([f > -1.0, np.zeros((B, 1), bool)], 1), 1)    # leading drafts with f > -1
+    adm = np.full(B, K)
+    k = np.arange(K)[None, :]
+    obs = (k <= acc[:, None]) & (k < adm[:, None])
+    y = (k < acc[:, None]).astype(float)
+    X = np.concatenate([f[obs][:, None], np.eye(K)[np.nonzero(obs)[1]]], 1)       # rows [f, e_k]
+    W = (p * (1 - p))[obs]
+    d = np.linalg.solve(X.T @ (W[:, None] * X) + V.L2 * np.eye(K + 1), X.T @ (y - p)[obs])
+    w0, b0 = est.w, est.b.copy()
+    est.accumulate(f, p, acc, adm)
+    est.refit()
+    assert d[0] > 0 and est.w - w0 == pytest.approx(d[0], rel=1e-9) and np.allclose(est.b - b0, d[1:], rtol=1e-9)
+
+
+def test_vllm_budget_is_the_argmax_over_stale_scores_and_admits_the_best_current_slots(logs, lat):
+    from simulator.serving.choosers.base import StepView
+    from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification, top_logodds
+
+    ch = VLLMAdaptiveVerification(K=3)
+    table = ShapeTable(logs, ch.shapes())
+    ch.reset(table, lat)
+    rows = np.array([0, 7, 20])
+    view = StepView(batch=3, rows=rows, context_len=logs.context_len[rows], left=np.full(3, 50),
+                    requests=np.array([0, 1, 2]), time=0.0, queued=0)
+    draft, verify = ch.costs(3)
+    n_first = int(np.argmax((3 + np.arange(10)) / (draft + verify)))                  # new requests: every S = 1
+    out = ch.choose(view)
+    k = np.array([table.shapes[i][0] for i in out.rows])
+    surv = np.cumprod(ch.est.predict(top_logodds(logs, rows, 3)), 1)
+    assert k.sum() == n_first and table.shapes[out.draft] == S.chain(3)
+    kept = np.concatenate([surv[r, :k[r]] for r in range(3)])
+    dropped = np.concatenate([surv[r, k[r]:] for r in range(3)])
+    assert not len(dropped) or not len(kept) or kept.min() >= dropped.max()
+    ch.observe(view, out, np.minimum(k, 1))
+    out2 = ch.choose(view)                                                          # now the stale S are this step's
+    s2 = np.sort(surv.ravel())[::-1]
+    assert sum(table.shapes[i][0] for i in out2.rows) == int(np.argmax((3 + np.r_[0, np.cumsum(s2)]) / (draft + verify)))
+    res = serve(logs, lat, table, VLLMAdaptiveVerification(K=3), np.zeros(10), 4)
+    assert (res.tokens == logs.new_tokens[res.seq] - 1).all()
