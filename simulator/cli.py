@@ -238,6 +238,9 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-refine", dest="refine", action="store_false", default=None, help="tune only --batch-sizes "
                    "(default: also bisect where neighbouring tuned B's best shapes differ, to find each switch)")
     p.add_argument("--plot", default=None, help="PNG of tokens/s x AR against B per shape (default: no plot)")
+    p.add_argument("--context-bins", type=NON_NEGATIVE, help="K >= 2: also answer whether choosing the shape by "
+                   "context (K bins at the split's context quantiles) beats one shape per B, by exact replay; 0: skip")
+    p.add_argument("--context-min-gain", type=POSITIVE_FLOAT, help="the context split pays at this gain at some B")
     p.add_argument("--ray", action="store_true",
                    help="tune on every position, not a window: each chunk of --max-positions-in-memory positions "
                         "replays its own closed batches as a Ray task (embedded, or the cluster at RAY_ADDRESS; logs "

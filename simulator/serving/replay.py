@@ -142,10 +142,12 @@ def request_sequences(logs, n_requests: int) -> np.ndarray:
 
 
 def closed_batch(logs, latency, table: ShapeTable, batch: int, n_requests: int | None = None,
-                 shapes=None) -> dict[str, np.ndarray]:
+                 shapes=None, context_edges=None) -> dict[str, np.ndarray]:
     """Every shape of `table` (or the indices `shapes`) held for a whole closed batch of B rows
     (module docstring). Returns per shape [A]: tokens, time (s), row_steps, steps, tokens_per_s,
-    tau, drafts_per_step (draft tokens verified per row-step)."""
+    tau, drafts_per_step (draft tokens verified per row-step). With context_edges [K - 1] (increasing)
+    also "tokens_by_context" and "time_by_context" [A, K]: the same sums split by the bin of each
+    step's context (bin k: edges[k - 1] <= c < edges[k]; simulator/serving/context_axis.py)."""
     B = int(batch)
     S = logs.n_sequences
     R = int(n_requests) if n_requests is not None else max(S, 4 * B)
@@ -160,13 +162,21 @@ def closed_batch(logs, latency, table: ShapeTable, batch: int, n_requests: int |
     nxt = np.full(A, B, np.int64)                                  # next request id per shape
     tokens, time, row_steps, steps = (np.zeros(A) for _ in range(4))
     live = np.arange(A)                                            # shapes whose window is open
+    edges = None if context_edges is None else np.asarray(context_edges, np.float64)
+    if edges is not None:
+        tok_c, time_c = np.zeros((A, len(edges) + 1)), np.zeros((A, len(edges) + 1))
     while len(live):
         s, pp = seq[live], p[live]                                 # [n, B]
         rows = logs.offsets[s] + pp
         a = np.repeat(idx[live], B).reshape(len(live), B)
         L = table.accepted(rows.ravel(), a.ravel()).reshape(len(live), B)
-        dt = table.step_time(latency, idx[live], B, latency.step_context(logs.context_len[rows]))
+        c = latency.step_context(logs.context_len[rows])
+        dt = table.step_time(latency, idx[live], B, c)
         emitted = np.minimum(L + 1, target[s] - pp)
+        if edges is not None:
+            k = np.searchsorted(edges, c, side="right")
+            np.add.at(tok_c, (live, k), emitted.sum(1))
+            np.add.at(time_c, (live, k), dt)
         tokens[live] += emitted.sum(1)
         time[live] += dt
         row_steps[live] += B
@@ -180,6 +190,7 @@ def closed_batch(logs, latency, table: ShapeTable, batch: int, n_requests: int |
         nxt[live] += fin.sum(1)
         live = live[~(fin & ~refill).any(1)]                      # a slot left empty closes the window
     drafted = row_steps * table.drafts(idx)
-    return {"shapes": idx, "tokens": tokens, "time": time, "row_steps": row_steps, "steps": steps,
+    extra = {} if edges is None else {"tokens_by_context": tok_c, "time_by_context": time_c}
+    return {**extra, "shapes": idx, "tokens": tokens, "time": time, "row_steps": row_steps, "steps": steps,
             "tokens_per_s": metrics.tokens_per_s(tokens, time), "tau": metrics.tau(tokens, row_steps),
             "drafts_per_step": metrics.drafts_per_step(drafted, row_steps)}

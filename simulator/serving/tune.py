@@ -46,6 +46,9 @@ says which loads a trace must spend its time at to show the gain. The figures ar
 under arrivals the methods' batch sizes differ a little, so for a load replay the bound is close, not
 exact.
 
+--context-bins K (K >= 2) adds whether splitting the schedule by context length pays, measured by
+exact replay at each tuned B (simulator/serving/context_axis.py).
+
 Logs larger than --max-positions-in-memory: by default tune answers on a seeded window of that many
 positions. With --ray it answers on all of them: the split is cut into chunks of at most that many
 positions (simulator.logs.ray_chunks, one Ray task each, on this box or the cluster at RAY_ADDRESS),
@@ -105,6 +108,8 @@ class TuneConfig(ServingLogsConfig):
     as_json: bool = False                 # print one JSON object
     ray: bool = False                     # all positions, in chunks of max_positions_in_memory, as Ray tasks
     progress: bool = True                 # progress bar of the Ray chunks
+    context_bins: int = 0                 # > 1: also answer whether splitting by context pays (context_axis.py)
+    context_min_gain: float = 1.01        # the context split pays at this gain over one shape at some B
 
 
 def log_source(cfg, split: str | None = None, progress: bool = False) -> LogSource:
@@ -331,9 +336,14 @@ def run_tune_command(cfg: TuneConfig) -> int:
     if cfg.plot:
         plot_curves(res, cfg.plot)
     rows, room, bound = summary_rows(res), headroom(res), mix_bound(res)
+    ctx = None
+    if cfg.context_bins:
+        from simulator.serving.context_axis import context_axis, context_lines
+
+        ctx = context_axis(logs, lat, bs, cands, cfg.context_bins, cfg.requests_per_slot, cfg.context_min_gain)
     if cfg.as_json:
         print(json.dumps({"schedule": sched.to_json()["ranges"], "per_batch": rows, "headroom": room, "mix_bound": bound,
-                          "out": str(out),
+                          "context_axis": ctx, "out": str(out),
                           "table": str(table), "plot": cfg.plot, "note": note, "what_if": lat.meta.get("what_if")}))
         return 0
     chunks = f" in {sched.meta['chunks']} Ray chunks" if cfg.ray else ""
@@ -353,6 +363,8 @@ def run_tune_command(cfg: TuneConfig) -> int:
     print(f"mix bound: over any mix of these batch sizes a schedule gains at most {bound['gain']:.3f}x over the best "
           f"static shape for that mix ({bound['lower']:.3f}x attained with {mix} of its busy time, against "
           f"{bound['static']})")
+    for line in context_lines(ctx) if ctx else ():
+        print(line)
     print(f"wrote {out} and {table}" + (f" and {cfg.plot}" if cfg.plot else ""))
     if note:
         print("note: " + note)

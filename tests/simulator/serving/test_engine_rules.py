@@ -173,3 +173,30 @@ def test_vllm_budget_is_the_argmax_over_stale_scores_and_admits_the_best_current
     assert sum(table.shapes[i][0] for i in out2.rows) == int(np.argmax((3 + np.r_[0, np.cumsum(s2)]) / (draft + verify)))
     res = serve(logs, lat, table, VLLMAdaptiveVerification(K=3), np.zeros(10), 4)
     assert (res.tokens == logs.new_tokens[res.seq] - 1).all()
+
+
+def test_context_axis_splits_sum_to_the_totals_and_the_answer_is_an_exact_replay(logs, lat):
+    from simulator.serving.choosers.base import StepView
+    from simulator.serving.context_axis import ContextChooser, context_axis, context_edges, context_lines
+    from simulator.serving.replay import closed_batch
+
+    shapes = [S.OFF, S.chain(1), S.chain(2), (2, 4, 8)]
+    table = ShapeTable(logs, shapes)
+    edges = context_edges(logs, 3)
+    assert len(edges) == 2 and edges[0] < edges[1]
+    run = closed_batch(logs, lat, table, 2, context_edges=edges)
+    assert np.allclose(run["tokens_by_context"].sum(1), run["tokens"]) and np.allclose(run["time_by_context"].sum(1), run["time"])
+    ch = ContextChooser({1: [S.OFF, S.chain(1), S.chain(2)], 4: [S.chain(2)] * 3}, edges)
+    ch.reset(table, lat)
+    view = lambda B, c: StepView(batch=B, rows=np.zeros(B, np.int64), context_len=np.full(B, c), left=np.ones(B),
+                                 requests=np.arange(B), time=0.0, queued=0)
+    assert table.shapes[ch.choose(view(1, edges[0] - 1))] == S.OFF and table.shapes[ch.choose(view(2, edges[1]))] == S.chain(2)
+    assert table.shapes[ch.choose(view(3, edges[0]))] == S.chain(1) and table.shapes[ch.choose(view(4, 0))] == S.chain(2)
+    ans = context_axis(logs, lat, [1, 2], shapes, n_bins=3)
+    for r in ans["per_batch"]:
+        if len(set(r["by_bin"])) == 1:
+            assert r["gain"] == 1.0
+        assert abs(sum(r["bin_share_of_time"]) - 1) < 1e-3
+    assert ans["pays"] == (ans["best_gain"] >= 1.01) and "context axis (3 bins" in context_lines(ans)[0]
+    with pytest.raises(DataError, match="at least 2 bins"):
+        context_edges(logs, 1)
