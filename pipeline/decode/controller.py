@@ -8,6 +8,11 @@ step), a chain (W = 1, V = D + 1) or an EAGLE-3 tree. One controller interface, 
      (the batch: B, each row's context and history; at B = 1 that is one sequence's cycle)
   2. `observe(StepRecord)` after the step, with what happened (held actions, histories)
 
+and, at every B, for chains at T = 0, a per-request budget hook (the engine drafts the step's chain
+for every row, reads the drafts' running log-probs once, and each row verifies its own prefix):
+
+  2b. `row_budgets(scores [A, D], shape)` after drafting -> k_r in 0 .. D per row
+
 and, at B = 1 only, two level hooks for the papers' per-sequence policies (the engine drafts that
 step level by level, eagerly: each ask reads the host):
 
@@ -169,6 +174,7 @@ class StepRecord:
     t_step: float = 0.0            # the whole step, refills excluded; minus the three above = overhead
     t_refill: float = 0.0          # prefills of requests that joined after this step
     captures: int = 0              # CUDA graphs captured in this step (its time holds eager runs and captures)
+    row_budgets: list[int] | None = None   # drafts each row verified, when a row_budgets hook set them
 
     @property
     def t_overhead(self) -> float:
@@ -213,8 +219,18 @@ class Controller:
         """Level hook, B = 1 only: V from the drafted pool."""
         return shape.verify_size
 
+    def row_budgets(self, scores, shape: StepShape) -> list[int] | None:
+        """Per-request budget hook, any B, chains at T = 0: each row's kept drafts (0 .. D) from the
+        running log-probs of its drafts, scores [A, D] (numpy); None keeps every draft."""
+        return None
+
     def observe(self, record: StepRecord) -> None:
         pass
+
+
+def uses_row_budgets(controller: Controller) -> bool:
+    """Whether a controller overrides `row_budgets`."""
+    return type(controller).row_budgets is not Controller.row_budgets
 
 
 class StaticController(Controller):

@@ -70,7 +70,7 @@ from pipeline.decode.batch.rows import Call, Rows, check_call
 from pipeline.decode.batch.verify import (TreeBatch, accept_greedy_batch, accept_sampling_rows, select_trees,
                                           verify_forward)
 from pipeline.decode.controller import (Controller, CycleRecord, StaticController, StepContext, StepRecord,
-                                        StepShape, uses_level_hooks)
+                                        StepShape, uses_level_hooks, uses_row_budgets)
 from pipeline.models.prepare import prepare_modules
 from pipeline.models.head import Eagle3Head
 from pipeline.decode.tree import log_softmax32
@@ -279,16 +279,30 @@ class BatchEngine(RowAdmission):
         spent[0] += clock() - a
         return select_trees(pool, step.roots(state, state.n), V), pool.depth, spent[0]
 
-    def _verify(self, state: BatchState, trees: TreeBatch | None, run: Call, gens: list) -> tuple[list[list[int]], int]:
+    def _draft_budgeted(self, state: BatchState, shape: StepShape, root, controller) -> tuple[TreeBatch, list[int]]:
+        """Per-request budgets (chains, T = 0): the chain of D for every row, one host read of its
+        drafts' running log-probs [A, D], the controller's kept drafts k_r, and the rows' chains cut
+        to max_r k_r + 1 nodes (a chain's pool is in depth order, so that is each chain's prefix).
+        Eager, as the level hooks are. Returns the trees and k [live rows]."""
+        pool = step.draft_pool(self.head, state, shape, self._span(max(state.n_host)), state.n, *root)
+        A, D = state.live, pool.depth
+        k = controller.row_budgets(pool.scores[:A].float().cpu().numpy(), shape)
+        k = [D] * A if k is None else [int(x) for x in k]
+        if len(k) != A or any(not 0 <= x <= D for x in k):
+            raise DraftGymError(f"row_budgets gave {k}: one count in 0..{D} per row ({A} rows)")
+        return select_trees(pool, step.roots(state, state.n), max(k) + 1), k
+
+    def _verify(self, state: BatchState, trees: TreeBatch | None, run: Call, gens: list,
+                caps: list[int] | None = None) -> tuple[list[list[int]], int]:
         """Target forward, acceptance, commit (trees None: the off step, each root alone); with graphs
         and T = 0 one graph per (A, V, span). Returns per row [L, emitted tokens...] (the step's one
-        host read) and V."""
+        host read) and V. caps: per-request budgets (eager; greedy acceptance cut at each row's k_r)."""
         V = 1 if trees is None else trees.size
         span = self._span(max(state.n_host) + V)
         state.ensure(span + 1)
         tree = () if trees is None else (trees.tokens, trees.parents, trees.depths, trees.mask)
         live = state.live
-        if run.T <= 0 and self.graphs.enabled:
+        if run.T <= 0 and self.graphs.enabled and caps is None:
             key = self._key(state, "verify", V, span, run.features)
             fn = lambda n, *t: step.verify_greedy(self.model, self.head, state, span, run.features, n, *t)
             packed_dev = self.graphs.run(key, fn, state.n, *tree)
@@ -297,7 +311,8 @@ class BatchEngine(RowAdmission):
             tb = step.trees_of(state, state.n, tree)
             logits, hs = verify_forward(self.model, tb, state.n, span, state.kv, run.features)
             if run.T <= 0:
-                accepted, bonus = accept_greedy_batch(tb, logits)
+                accepted, bonus = (accept_greedy_batch(tb, logits) if caps is None else accept_greedy_batch(
+                    tb, logits, torch.tensor(caps + [0] * (state.rows - live), device=logits.device)))
             else:
                 accepted, bonus = accept_sampling_rows(tb, logits, run.T, gens + [self._pad_gen] * (state.rows - live))
             packed_dev, order = step.commit(state, state.n, tb, accepted, bonus)
@@ -342,9 +357,14 @@ class BatchEngine(RowAdmission):
         marks = {"start": mark()}
         shape, root = self._plan(state, rows, run, controller, queued, marks, mark)
         marks["planned"] = mark()
-        depth, t_hooks = shape.depth, 0.0
+        depth, t_hooks, caps = shape.depth, 0.0, None
         if shape.is_off:
             trees, width, size = None, 1, 1
+        elif shape.width == 1 and uses_row_budgets(controller):
+            if run.T > 0:
+                raise DraftGymError("per-request budgets (row_budgets) verify greedily: temperature must be 0")
+            trees, caps = self._draft_budgeted(state, shape, root or self._pending_forward(state), controller)
+            width, size = 1, trees.size
         elif uses_level_hooks(controller):
             trees, depth, t_hooks = self._draft_by_level(state, shape, root or self._pending_forward(state), controller)
             width, size = min(shape.width, self.head.cfg.draft_vocab_size), trees.size
@@ -356,11 +376,11 @@ class BatchEngine(RowAdmission):
             arch.check_length(self.model.config, len(run.prompts[i]), run.max_new[i], size)
         marks["drafted"] = mark()
         ctx_lens = state.n_host[:A]
-        packed, V = self._verify(state, trees, run, rows.gen)
+        packed, V = self._verify(state, trees, run, rows.gen, caps)
         marks["verified"] = mark()
         record = StepRecord(step=len(res.steps), batch_size=A, depth=depth, width=width, verify_size=V,
                             rows=list(rows.req), context_lens=ctx_lens, accepted=[p[0] for p in packed],
-                            emitted=[], queued=queued, captures=self.graphs.captures - captures)
+                            emitted=[], queued=queued, captures=self.graphs.captures - captures, row_budgets=caps)
         done = self._emit(rows, record, packed, run)
         for s in done:
             self._finished(run, rows.req[s])

@@ -121,15 +121,20 @@ def verify_forward(model, trees: TreeBatch, n: torch.Tensor, span: int, kv, hidd
     return out.logits.float(), (out.hidden_states if hidden_states else None)
 
 
-def accept_greedy_batch(trees: TreeBatch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def accept_greedy_batch(trees: TreeBatch, logits: torch.Tensor, caps: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy acceptance for every row (module docstring). logits: [B, V, vocab].
     Returns (accepted [B, V] bool, root True; bonus [B] target argmax at the deepest accepted node).
-    The off step (V = 1) accepts its root alone: the bonus is the argmax at the root."""
+    The off step (V = 1) accepts its root alone: the bonus is the argmax at the root. caps [B]
+    (per-request budgets): row r accepts no node deeper than caps[r], as if its tree stopped there;
+    the bonus is then the target's argmax at its deepest kept node, so the output is still exact."""
     if trees.size == 1:
         return torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device), logits[:, 0].argmax(-1)
     best = logits.argmax(-1)                                                            # [B, V]
     right = trees.tokens == torch.gather(best, 1, trees.parents.clamp(min=0))
     right[:, 0] = True
+    if caps is not None:
+        right &= trees.depths <= caps[:, None]
     accepted = ~(trees.mask & ~right[:, None, :]).any(-1)                               # [B, V]
     last = (accepted * (trees.depths + 1)).argmax(-1)                                   # deepest accepted node
     return accepted, torch.gather(best, 1, last[:, None])[:, 0]

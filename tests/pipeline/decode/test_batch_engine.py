@@ -27,7 +27,7 @@ from pipeline.decode.tree import select_tree
 from pipeline.decode.verify import accept_greedy
 from pipeline.errors import DraftGymError
 from tests.conftest import make_tiny_llama
-from tests.pipeline.decode.conftest import MIXED
+from tests.pipeline.decode.conftest import MIXED, setup_tiny
 from tests.pipeline.decode.test_lossless import plant_biased_rule
 from tests.pipeline.decode.test_sampling import PROMPT, VOCAB, chi_square_pvalue, exact_law
 from tests.pipeline.decode.test_sampling import biased_accept as biased_sampling
@@ -298,3 +298,54 @@ def test_other_architectures_and_sliding_window(name):
         with pytest.raises(DraftGymError, match="sliding attention window") as e:
             call()
         assert "\n" not in str(e.value)
+
+
+class _Budgets(Controller):
+    """Chains of 4 (one step in three off), and per-request budgets that cycle over 0..4 by row and step:
+    every row verifies its own prefix of the chain."""
+
+    def __init__(self):
+        super().__init__(StepShape.chain(4))
+        self.n, self.seen = 0, []
+
+    def plan(self, ctx):
+        return StepShape.off() if ctx.step % 3 == 2 else StepShape.chain(4)
+
+    def row_budgets(self, scores, shape):
+        self.seen.append(scores)
+        self.n += 1
+        return [(self.n + r) % (shape.depth + 1) for r in range(len(scores))]
+
+
+@pytest.mark.parametrize("B", [1, 4, 16])
+def test_per_request_budgets_are_lossless(B):
+    """Per-request budgets (Controller.row_budgets): each row verifies its own prefix of the drafted
+    chain, at B = 1, 4, 16, fp32: every row equals its batch-1 AR output, no row accepts more than its
+    budget, the step verifies max_r k_r + 1 tokens, and the hook sees each row's running log-probs."""
+    eng, beng, _ = setup_tiny()
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 6, (int(k),), generator=g).tolist() for k in torch.randint(1, 15, (18,), generator=g)]
+    ar = [eng.generate_ar(p, 16) for p in prompts]
+    ctrl = _Budgets()
+    res = beng.generate(prompts, 16, batch_size=B, controller=ctrl)
+    for r, a in zip(res, ar):
+        assert r.output_ids == a.output_ids, (B, r.index)
+    steps = [s for s in res.steps if s.row_budgets is not None]
+    assert steps and all(s.verify_size == max(s.row_budgets) + 1 for s in steps)
+    assert all(L <= k for s in steps for L, k in zip(s.accepted, s.row_budgets))
+    live = sum(a.new_tokens > 1 for a in ar)                # rows not finished by their prefill's token
+    assert sum(s.accepted_sum for s in steps) > 5 and max(s.batch_size for s in res.steps) == min(B, live)
+    sc = ctrl.seen[0]
+    assert sc.shape[1] == 4 and (sc <= 0).all() and (sc[:, 1:] <= sc[:, :-1] + 1e-6).all()   # running log-probs
+
+
+def test_per_request_budgets_bad_hook_and_sampling_are_one_line(tiny):
+    eng, beng, prompts, ar = tiny
+
+    class Bad(_Budgets):
+        def row_budgets(self, scores, shape):
+            return [9] * len(scores)
+    with pytest.raises(DraftGymError, match="one count in 0..4 per row"):
+        beng.generate(prompts, 8, batch_size=2, controller=Bad())
+    with pytest.raises(DraftGymError, match="temperature must be 0"):
+        beng.generate(prompts, 8, batch_size=2, controller=_Budgets(), temperature=0.7)
