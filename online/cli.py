@@ -107,6 +107,11 @@ def add_validate(sub: argparse._SubParsersAction) -> None:
                         "shape, the --schedule, vLLM's example schedule, SGLang's adaptive rule and each --policy, against "
                         "the serving replay of the same trace (online/validate/load.py) (default: none)")
     p.add_argument("--max-batch", type=COUNT, help="with --load-trace: the most rows decoding at once")
+    p.add_argument("--row-budget-k", type=NON_NEGATIVE, help="with --load-trace: > 0 also serves vLLM's adaptive "
+                   "verification over chains of K (per-request verify budgets; needs --logs for its cost tables)")
+    p.add_argument("--acceptance-model", default=None, metavar="FILE",
+                   help="with --load-trace: an acceptance model (serve-eval --acceptance-model-out) to serve "
+                        "DraftGym's learned per-request budget too (default: not served)")
     window_arg(p)
     add_json(p, "print the report as one JSON object")
     add_no_progress(p)

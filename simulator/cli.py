@@ -289,6 +289,12 @@ def add_serve_eval(sub: argparse._SubParsersAction) -> None:
                         "replay the learned allocator (simulator/serving/choosers/row_budget.py); 0: skip")
     p.add_argument("--switch-ms", type=NON_NEGATIVE_FLOAT,
                    help="ms the modelled engine adds to a step whose shape differs from the step before")
+    p.add_argument("--engine", choices=["profile", "paged"],
+                   help="price steps as the profile's engine runs them (DraftGym's: the longest row's context, "
+                        "per-row verifies padded to the longest) or as a paged engine (vLLM, SGLang: the mean "
+                        "context, per-row verifies by their total tokens)")
+    p.add_argument("--acceptance-model-out", default=None, metavar="FILE",
+                   help="write the per-request budget's fitted acceptance model (for validate --acceptance-model)")
     p.add_argument("--off-factor", type=POSITIVE_FLOAT,
                    help="an off step costs this many times the profiled AR step (K = 0 inside a speculative engine)")
     p.add_argument("--policy", dest="policies", metavar="DIR", action="append", default=[],

@@ -83,6 +83,9 @@ class ServeEvalConfig(ServingLogsConfig):
     row_budget_k: int = 5                 # per-request budgets: chains up to K (0: skip)
     switch_ms: float = 0.0                # the modelled engine's price of a shape switch (load.SwitchPrice)
     off_factor: float = 1.0               # an off step's cost over the profiled AR step
+    engine: str = "profile"               # price steps as the profile's engine runs them, or "paged": the batch's
+                                          # mean context and per-row verifies by their total tokens (vLLM, SGLang)
+    acceptance_model_out: str | None = None   # write the per-request budget's fitted acceptance model here
     policies: tuple = ()                  # load-aware policy directories (`draftgym train-load`) to replay too
     out: str | None = None                # write the table as JSON
     write_trace: str | None = None        # write the arrival times to this file and exit (no replay)
@@ -165,6 +168,10 @@ def learned_choosers(specs, logs, max_batch: int) -> list:
 def serve_eval(cfg: ServeEvalConfig) -> dict:
     logs, lat = load_inputs(cfg, cfg.split)
     tune_logs, _ = load_inputs(cfg, cfg.tune_split)
+    if cfg.engine not in ("profile", "paged"):
+        raise DraftGymError(f"--engine must be profile or paged, got {cfg.engine!r}")
+    if cfg.engine == "paged":
+        lat = dataclasses.replace(lat, batch_context="mean")
     if logs.n_sequences == 0 or tune_logs.n_sequences == 0:
         raise DataError(f"no sequences in split {cfg.split!r} or tuning split {cfg.tune_split!r}")
     arrivals, load = make_arrivals(cfg, logs, lat)
@@ -199,7 +206,10 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
             from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
 
             methods.append(VLLMAdaptiveVerification(k))
-            methods.append(CalibratedBudget(AcceptanceModel.fit(tune_logs, k, split=cfg.tune_split)))
+            acc = AcceptanceModel.fit(tune_logs, k, split=cfg.tune_split)
+            if cfg.acceptance_model_out:
+                acc.save(cfg.acceptance_model_out)
+            methods.append(CalibratedBudget(acc))
         else:
             notes.append("per-request budget and vLLM adaptive verification skipped: they need width-1 logs (collect "
                          "with --widths 1,10)")
@@ -226,7 +236,8 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
     return {"rows": rows, "load": load, "max_batch": max_batch, "tpot_target_s": target, "schedule": sched.to_json()["ranges"],
             "best_static": S.label(best), "static_on_tune_split": static_runs, "notes": notes,
             "split": cfg.split, "tune_split": cfg.tune_split, "latency_profile": lat.meta.get("profile_id"),
-            "switch_price": {"switch_ms": cfg.switch_ms, "off_factor": cfg.off_factor}}
+            "switch_price": {"switch_ms": cfg.switch_ms, "off_factor": cfg.off_factor},
+            "engine": cfg.engine, "batch_context": lat.batch_context}
 
 
 def batch_by_segment(res, arrivals, counts) -> list[float]:

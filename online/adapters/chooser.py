@@ -21,6 +21,12 @@ confidences. So a policy with confidence depth <= 1 runs on the device with the 
 function; a deeper one is refused in one line. The greedy oracle cannot run here at all: it picks
 each step's shape from every row's logged acceptance under every shape, hindsight the device has not.
 
+Per-request budgets (base.RowChooser: vLLM's adaptive verification, DraftGym's learned budget) run
+as `RowChooserController`: plan asks draft_depth, the engine drafts that chain for every row, reads
+its running draft log-probs once ([B, D], the engine's row_budgets hook) and row_caps turns them into
+each row's kept drafts; the engine verifies each row's own prefix, losslessly (per-request budgets
+are eager and greedy: pipeline/decode/batch/engine.py). `controller_for` picks the class.
+
 Cost. At a decision step the engine runs the pending draft forward before the policy is asked (the
 probe). If the policy picks a drafting shape, that forward is its own first one (no extra work); if
 it picks "off", the forward was paid for nothing but the confidences (and keeps the head's cache
@@ -33,7 +39,7 @@ import numpy as np
 
 from pipeline.decode.controller import Controller, StepContext, StepRecord, StepShape
 from pipeline.errors import DraftGymError
-from simulator.serving.choosers.base import Chooser, GreedyOracle, StepView
+from simulator.serving.choosers.base import Chooser, GreedyOracle, RowChooser, StepView
 from simulator.serving.choosers.learned import LearnedChooser
 from simulator.serving.shapes import canonical, label
 
@@ -99,8 +105,30 @@ class ChooserController(Controller):
         self.view = StepView(batch=B, rows=np.full(B, -1, np.int64), context_len=np.asarray(ctx.context_lens, np.int64),
                              left=np.array([self.max_new[r] for r in ctx.rows], np.int64) - np.asarray(ctx.new_tokens),
                              requests=req, time=0.0, queued=ctx.queued, confidence=conf)
+        return self._choose()
+
+    def _choose(self) -> StepShape:
         self.a = int(self.chooser.choose(self.view))
         return StepShape(*self.table.shapes[self.a])
 
     def observe(self, record: StepRecord) -> None:
         self.chooser.observe(self.view, self.a, np.asarray(record.accepted, np.int64))
+
+
+class RowChooserController(ChooserController):
+    """A RowChooser as a Controller: its draft depth before drafting, its per-row caps after (module
+    docstring)."""
+
+    def _choose(self) -> StepShape:
+        D = int(self.chooser.draft_depth(self.view))
+        self.a = int(self.chooser.idx[D])
+        return StepShape(*self.table.shapes[self.a])
+
+    def row_budgets(self, scores, shape):
+        return [int(k) for k in self.chooser.row_caps(self.view, np.asarray(scores, np.float64))]
+
+
+def controller_for(chooser: Chooser, max_new_tokens: list[int], latency=None) -> ChooserController:
+    """The controller that runs `chooser` on the device: per-request budgets or one shape a step."""
+    cls = RowChooserController if isinstance(chooser, RowChooser) else ChooserController
+    return cls(chooser, max_new_tokens, latency)

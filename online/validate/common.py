@@ -46,6 +46,9 @@ class ValidateConfig:
     load_trace: str | None = None        # a file of arrival times: serve it on the device and in replay
                                          # (online/validate/load.py) instead of the runs above
     max_batch: int = 16                  # load_trace: the most rows decoding at once
+    row_budget_k: int = 0                # load_trace: > 0 adds vLLM's adaptive verification over chains of K
+    acceptance_model: str | None = None  # load_trace: an acceptance model JSON (serve-eval --acceptance-model-out)
+                                         # adds DraftGym's learned per-request budget
     reanchor: bool = True                # T = 0 sim-vs-real: also replay each method on its own decoded text
                                          # (online/validate/reanchor.py: collected after the decoding, cheap next to it)
     max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # --logs larger than this are read as a window plus

@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from online.adapters.chooser import ChooserController
+from online.adapters.chooser import controller_for
 from online.validate.sim_vs_real import step_cost
 from online.validate.speedbench import Call, run_calls
 from online.validate.common import ValidateConfig, check_config, load_prompt_sets
@@ -67,7 +67,7 @@ from simulator.latency.diagnostics import prefill_note
 from simulator.serving import metrics as M
 from simulator.serving import shapes as S
 from simulator.serving.arrivals import read_trace
-from simulator.serving.choosers.base import ScheduleChooser, StaticChooser
+from simulator.serving.choosers.base import RowChooser, ScheduleChooser, StaticChooser
 from simulator.serving.load import ServingResult, serve
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
@@ -113,6 +113,14 @@ def load_methods(cfg: ValidateConfig) -> list:
         out.append(ScheduleChooser(Schedule.load(cfg.schedule), "schedule (per B)"))
     out += [ScheduleChooser(Schedule.vllm_eagle3_example(), "vLLM EAGLE-3 example"), SGLangAdaptive()]
     out += learned_methods(cfg)
+    if cfg.row_budget_k:
+        from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
+
+        out.append(VLLMAdaptiveVerification(cfg.row_budget_k))
+    if cfg.acceptance_model:
+        from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
+
+        out.append(CalibratedBudget(AcceptanceModel.load(cfg.acceptance_model)))
     names = [m.name for m in out]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
@@ -252,7 +260,9 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
     # arrivals, each row checked against its request's batch-1 AR output (T = 0)
     calls = lambda r: [Call(cfg.max_batch, list(range(len(prompts))), [cfg.seed + 1000 * r + k for k in range(len(prompts))],
                             arrivals=[float(a) for a in arrivals], max_new=max_new)]
-    factories = {m.name: None if m.shapes() == [S.OFF] else (lambda m=m: ChooserController(m, max_new, lat))
+    if lat is None:                              # per-request budgets price their steps with the profile
+        methods = [m for m in methods if not isinstance(m, RowChooser)]
+    factories = {m.name: None if m.shapes() == [S.OFF] else (lambda m=m: controller_for(m, max_new, lat))
                  for m in methods}
     # with CUDA graphs the whole trace is served once per method untimed first, as a server captures its
     # graphs before it serves (the replay prices warm steps); the timed runs' captures are in the report

@@ -97,24 +97,29 @@ class ShapeTable:
         w = (x - knots[hi - 1]) / (knots[hi] - knots[hi - 1])
         return (1 - w) * T[a, hi - 1] + w * T[a, hi]
 
-    def row_step_time(self, latency, draft: int, rows_a, batch: int, context_len) -> float:
+    def row_step_time(self, latency, draft: int, rows_a, batch: int, context_len, flat: bool | None = None) -> float:
         """Seconds of one step whose rows verify different shapes (choosers.base.RowShapes): every row
         drafts shape `draft`'s D forwards of W beams, then one target forward verifies every row's own
-        V_r (V_eff, 1 when off). A flattened-token verify (vLLM's, SGLang's) costs what its total
-        sum_r V_r tokens cost, priced as B rows of the mean V-bar = sum_r V_r / B (the verify surface
-        interpolates linearly in V between profiled sizes):
+        V_r (V_eff, 1 when off). What that forward costs depends on the engine, as the step's context
+        does (LatencyModel.step_context):
 
-            t = D * t_draft(W, c, B) + t_verify(V-bar, c, B) + t_overhead(c, B)
+            flat     a flattened-token verify (vLLM's, SGLang's: a paged engine, batch_context "mean")
+                     costs what its sum_r V_r tokens cost, priced as B rows of the mean V-bar
+            padded   DraftGym's engine (batch_context "max") verifies B rows of max_r V_r tokens
 
-        With every row at the draft's own shape this is step_time's t(s, B, c)."""
+            t = D * t_draft(W, c, B) + t_verify(V-bar or max V, c, B) + t_overhead(c, B)
+
+        (the verify surface interpolates linearly in V between profiled sizes). flat=None follows the
+        profile's engine. With every row at the draft's own shape this is step_time's t(s, B, c)."""
         rows_a = np.asarray(rows_a, np.int64)
         d, w = int(self.depth[draft]), int(self.width[draft])
         on = self.depth[rows_a] > 0
         if (on & ((self.width[rows_a] != w) | (self.depth[rows_a] > d))).any():
             raise DataError(f"a row's shape is not a prefix of the drafted {label(self.shapes[draft])}")
         v = np.where(on, np.minimum(self.verify[rows_a], 1 + self.width[rows_a] + (self.depth[rows_a] - 1) * self.width[rows_a] ** 2), 1)
+        flat = getattr(latency, "batch_context", "max") == "mean" if flat is None else flat
         c = np.asarray(context_len, np.float64)
-        t = latency.t_verify(float(v.mean()), c, batch=batch) + latency.t_overhead(c, batch=batch)
+        t = latency.t_verify(float(v.mean() if flat else v.max()), c, batch=batch) + latency.t_overhead(c, batch=batch)
         if d > 0:
             t = t + d * latency.t_draft(w, c, batch=batch)
         return float(t)

@@ -76,6 +76,39 @@ class Chooser:
         return []
 
 
+class RowChooser(Chooser):
+    """A chooser whose steps give each row its own prefix of one drafted chain (RowShapes), in two
+    calls that the engine can make too (online/adapters/chooser.py):
+
+        draft_depth(view) -> D             before drafting: the chain every row drafts (0: off)
+        row_caps(view, scores) -> k [B]    after it: each row's kept drafts, 0 .. D, from scores
+                                           [B, D], the rows' running draft log-probs
+
+    In the replay the scores are the logs' (beam_scores of the width-1 chain, what the engine's
+    draft computes); choose() runs both calls. Shapes: off and the chains 1 .. K."""
+    K = 1
+
+    def shapes(self):
+        return [canonical((0, 1, 1)), *[canonical((k, 1, k + 1)) for k in range(1, self.K + 1)]]
+
+    def reset(self, table, latency):
+        super().reset(table, latency)
+        self.idx = np.array([table.index(s) for s in self.shapes()])
+
+    def draft_depth(self, view: StepView) -> int:
+        raise NotImplementedError
+
+    def row_caps(self, view: StepView, scores: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def choose(self, view):
+        D = int(self.draft_depth(view))
+        if D == 0:
+            return int(self.idx[0])
+        scores = self.table.logs.w[1].beam_scores[view.rows, :D, 0].astype(np.float64)
+        return RowShapes(int(self.idx[D]), self.idx[np.asarray(self.row_caps(view, scores), np.int64)])
+
+
 class StaticChooser(Chooser):
     def __init__(self, shape, name: str | None = None):
         self.shape = canonical(shape)

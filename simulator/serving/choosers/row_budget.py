@@ -18,16 +18,28 @@ best allocation is one of B K + 1 candidates, N = 0 .. B K, and the step keeps
 
 Two things decide how good the allocation is: the probabilities and the cost. `CalibratedBudget`
 (here) learns p offline from the logs and prices t with the run's own latency profile at the step's
-B and context; vLLM's rule (vllm_adaptive.py) ranks by the running product of the draft
-probabilities and prices with a start-up cost table.
+B and context; vLLM's rule (vllm_adaptive.py) fits p online and prices with start-up cost tables
+at one context. And one thing vLLM's rule leaves fixed: how deep to draft. Before drafting,
+`CalibratedBudget` picks D from what it knows then, each row's p from its previous step (extended
+past the depth drafted there by the model's mean hazards; a new row: the training mean):
+
+    D* = argmax_{D in 0..K}  (B + sum of the N*(D) best stale p_{r,j <= D}) / t(D, N*(D))
+
+then drafts D, and keeps each row's drafts by `allocate` on the current p (base.RowChooser: the
+same two calls on the device). On DraftGym's own engine, whose verify is padded to the longest row
+(ShapeTable.row_step_time), a shorter row saves nothing, so there every row keeps its D drafts and
+the budget is the draft depth alone; the per-row cut pays on a flattened-token engine (a paged
+profile, or `serve-eval --engine paged`). After an off step (nothing drafted, nothing learnt) each row's stale
+p moves half way back to the prior, so a batch that went off probes again.
 
 The learned acceptance model (`AcceptanceModel`): a logistic hazard over the drafts of a chain,
 
     P(accept draft j | drafts 1..j-1 accepted) = sigmoid(w . x_{r,j} + b_j)
     p_{r,j} = prod_{i <= j} sigmoid(w . x_{r,i} + b_i)                           (non-increasing in j)
 
-with x_{r,j} = (the draft's own log-prob s_j - s_{j-1}, the chain's running log-prob s_j, the entropy
-of the distribution it was drawn from, log(1 + context / 1000)) and a bias per depth, fitted by
+with x_{r,j} = (the draft's own log-prob s_j - s_{j-1}, the chain's running log-prob s_j,
+log(1 + context / 1000)): what the engine's draft gives it, the same in the replay; and a bias per
+depth, fitted by
 full-batch L-BFGS (plain torch) on the tuning split's width-1 logs: every row and depth j whose first
 j - 1 drafts were accepted is one example, labelled by whether draft j was (L_K >= j). Deterministic
 given the logs (L-BFGS from zeros); the seed only orders a subsample when a split holds more than
@@ -43,9 +55,9 @@ import numpy as np
 
 from pipeline.errors import DataError
 from simulator.serving import shapes as S
-from simulator.serving.choosers.base import Chooser, RowShapes
+from simulator.serving.choosers.base import RowChooser
 
-FEATURES = ("draft_logprob", "running_logprob", "entropy", "log1p_context_k")
+FEATURES = ("draft_logprob", "running_logprob", "log1p_context_k")
 
 
 def allocate(p: np.ndarray, step_time) -> np.ndarray:
@@ -64,14 +76,17 @@ def allocate(p: np.ndarray, step_time) -> np.ndarray:
     return k
 
 
+def score_features(scores: np.ndarray, context_len) -> np.ndarray:
+    """[n, D, F] the features of each row's chain drafts from their running log-probs [n, D]."""
+    s = np.asarray(scores, np.float64)
+    step = np.diff(np.concatenate([np.zeros((len(s), 1)), s], 1), axis=1)
+    ctx = np.broadcast_to(np.log1p(np.asarray(context_len, np.float64) / 1000.0)[:, None], s.shape)
+    return np.stack([step, s, ctx], -1)
+
+
 def chain_features(logs, rows: np.ndarray, K: int) -> np.ndarray:
     """[n, K, F] the features of each row's chain drafts 1..K (width-1 logs)."""
-    w = logs.w[1]
-    s = w.beam_scores[rows, :K, 0].astype(np.float64)                     # running log-prob after draft j
-    step = np.diff(np.concatenate([np.zeros((len(rows), 1)), s], 1), axis=1)
-    ent = w.entropy[rows, :K, 0].astype(np.float64)
-    ctx = np.broadcast_to(np.log1p(logs.context_len[rows] / 1000.0)[:, None], s.shape)
-    return np.stack([step, s, ent, ctx], -1)
+    return score_features(logs.w[1].beam_scores[rows, :K, 0], logs.context_len[rows])
 
 
 def chain_acceptance(logs, rows: np.ndarray, K: int) -> np.ndarray:
@@ -86,15 +101,24 @@ class AcceptanceModel:
     K: int
     weights: list                   # [F]
     bias: list                      # [K] one per depth
+    prior: list                     # [K] mean p_{r,j} over the training rows (a row with no step yet)
     features: tuple = FEATURES
-    feature_means: list | None = None   # [K][F] mean features of the drafts at each depth (the guess
-                                        # for a draft not yet made: `CalibratedBudget`)
     train: dict | None = None       # examples, positives, log-loss, the split and seed it was fitted on
 
     def p(self, x: np.ndarray) -> np.ndarray:
-        """x [n, K, F] -> [n, K] P(first j drafts accepted)."""
-        z = x @ np.asarray(self.weights) + np.asarray(self.bias)
+        """x [n, D, F] (D <= K) -> [n, D] P(first j drafts accepted)."""
+        z = x @ np.asarray(self.weights) + np.asarray(self.bias)[: x.shape[1]]
         return np.cumprod(1.0 / (1.0 + np.exp(-z)), axis=1)
+
+    def extend(self, p: np.ndarray) -> np.ndarray:
+        """[n, D] -> [n, K]: past depth D, each row's last p times the prior's own fall from D on."""
+        n, D = p.shape
+        if D == self.K:
+            return p
+        prior = np.asarray(self.prior)
+        base = p[:, -1:] if D else np.ones((n, 1))
+        tail = prior[D:] / (prior[D - 1] if D else 1.0)
+        return np.concatenate([p, base * tail[None, :]], 1)
 
     def save(self, path) -> Path:
         path = Path(path)
@@ -112,7 +136,7 @@ class AcceptanceModel:
             m = cls(**{**d, "features": tuple(d["features"])})
         except (json.JSONDecodeError, TypeError, KeyError) as e:
             raise DataError(f"{path}: not an acceptance model ({e})") from None
-        if m.features != FEATURES or len(m.weights) != len(FEATURES) or len(m.bias) != m.K:
+        if m.features != FEATURES or len(m.weights) != len(FEATURES) or len(m.bias) != m.K or len(m.prior) != m.K:
             raise DataError(f"{path}: features {list(m.features)} or sizes do not match this version's {list(FEATURES)}")
         return m
 
@@ -146,58 +170,53 @@ class AcceptanceModel:
         opt.step(loss_fn)
         with torch.no_grad():
             loss = float(torch.nn.functional.binary_cross_entropy_with_logits(X @ w + D @ b, y))
-        return cls(K=K, weights=w.detach().tolist(), bias=b.detach().tolist(), feature_means=x.mean(0).tolist(),
-                   train={"examples": int(len(y)), "positives": int(y.sum()), "log_loss": loss, "split": split, "seed": seed})
-
-    def next_p(self, p_so_far: np.ndarray, x_last: np.ndarray | None, j: int) -> np.ndarray:
-        """[n] a guess of p_{r,j+1} before draft j + 1 is made (j = 0: before any): p_{r,j} times the
-        hazard at the features the row's last draft had (its own log-prob repeated, its running
-        log-prob one such step further, its entropy); at j = 0 the training mean of depth 1's."""
-        if j == 0:
-            q = 1.0 / (1.0 + np.exp(-(np.asarray(self.feature_means[0]) @ np.asarray(self.weights) + self.bias[0])))
-            return np.full(len(p_so_far), q)
-        x = x_last.copy()
-        x[:, 1] = x_last[:, 1] + x_last[:, 0]
-        q = 1.0 / (1.0 + np.exp(-(x @ np.asarray(self.weights) + self.bias[j])))
-        return p_so_far[:, j - 1] * q
+        m = cls(K=K, weights=w.detach().tolist(), bias=b.detach().tolist(), prior=[1.0] * K,
+                train={"examples": int(len(y)), "positives": int(y.sum()), "log_loss": loss, "split": split, "seed": seed})
+        m.prior = m.p(x).mean(0).tolist()
+        return m
 
 
-class CalibratedBudget(Chooser):
-    """DraftGym's per-request budget. It drafts one forward at a time and stops when one more would
-    not pay: after draft j (j = 0: before drafting) it compares the best allocation of the drafts it
-    has, (B + the N* largest p) / t(j drafts, N*), with the best allocation were it to draft once more,
-    its p_{r,j+1} guessed by `AcceptanceModel.next_p`; it drafts on while the guess wins, up to K.
-    Then it keeps each row's drafts by `allocate` with the learned p and the run's own cost of the
-    step. Every figure it reads is known at its decision: the confidences of drafts made, the
-    latency profile, B and the context."""
+class CalibratedBudget(RowChooser):
+    """DraftGym's per-request budget (module docstring): D before drafting from each row's stale p,
+    then each row's kept drafts by `allocate` on the current p, both priced by the run's profile at
+    the step's B and context."""
 
     def __init__(self, model: AcceptanceModel, name: str = "per-request budget (learned)"):
-        self.model, self.name = model, name
-
-    def shapes(self):
-        return [S.OFF, *[S.chain(k) for k in range(1, self.model.K + 1)]]
+        self.model, self.name, self.K = model, name, model.K
 
     def reset(self, table, latency):
         super().reset(table, latency)
-        self.idx = np.array([table.index(s) for s in self.shapes()])
+        self.stale: dict[int, np.ndarray] = {}
 
-    def choose(self, view):
-        B, K, lat = view.batch, self.model.K, self.latency
+    def _cost(self, view, D: int):
+        lat, B = self.latency, view.batch
         c = lat.step_context(view.context_len)
-        t_draft, t_over = float(lat.t_draft(1, c, batch=B)), float(lat.t_overhead(c, batch=B))
-        x = chain_features(self.table.logs, view.rows, K)                    # [B, K, F]: read up to depth j only
-        p = self.model.p(x)
+        fixed = D * float(lat.t_draft(1, c, batch=B)) + float(lat.t_overhead(c, batch=B))
+        return lambda N: fixed + lat.t_verify(1 + np.asarray(N) / B, c, batch=B)
 
-        def best(pj: np.ndarray, j: int) -> tuple[float, np.ndarray]:
-            t = lambda N: j * t_draft + lat.t_verify(1 + N / B, c, batch=B) + t_over
-            k = allocate(pj, t) if j else np.zeros(B, np.int64)
-            return (B + sum(pj[r, :k[r]].sum() for r in range(B))) / float(t(np.array([k.sum()]))[0]), k
+    def _best(self, view, p: np.ndarray, D: int) -> tuple[float, np.ndarray]:
+        """(expected tokens/s, k) of drafting D with these p. A flattened-token engine keeps each row's
+        best drafts (`allocate`); DraftGym's padded engine verifies max_r k_r + 1 tokens for every row
+        whatever each keeps, so there every row keeps all D (ShapeTable.row_step_time)."""
+        B, t = view.batch, self._cost(view, D)
+        if D == 0:
+            return B / float(t(np.array([0]))[0]), np.zeros(B, np.int64)
+        k = allocate(p[:, :D], t) if self.latency.batch_context == "mean" else np.full(B, D)
+        return (B + sum(p[r, :k[r]].sum() for r in range(B))) / float(t(np.array([k.sum()]))[0]), k
 
-        D, (rate, k) = 0, best(p[:, :0], 0)
-        while D < K:
-            guess = np.concatenate([p[:, :D], self.model.next_p(p, x[:, D - 1] if D else None, D)[:, None]], 1)
-            if best(guess, D + 1)[0] <= rate:
-                break
-            D += 1
-            rate, k = best(p[:, :D], D)
-        return RowShapes(int(self.idx[D]), self.idx[k])
+    def draft_depth(self, view):
+        prior = np.asarray(self.model.prior)
+        p = np.stack([self.stale.get(int(q), prior) for q in view.requests])             # [B, K]
+        D = max(range(self.K + 1), key=lambda d: self._best(view, p, d)[0])
+        if D == 0:                      # an off step learns nothing: each row's stale p halves its way to the prior
+            for q in view.requests:
+                if int(q) in self.stale:
+                    self.stale[int(q)] = 0.5 * (self.stale[int(q)] + prior)
+        return D
+
+    def row_caps(self, view, scores):
+        p = self.model.p(score_features(scores, view.context_len))
+        k = self._best(view, p, scores.shape[1])[1]
+        for q, row in zip(view.requests, self.model.extend(p)):
+            self.stale[int(q)] = row
+        return k

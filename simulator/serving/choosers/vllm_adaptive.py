@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.serving import shapes as S
-from simulator.serving.choosers.base import Chooser, RowShapes
+from simulator.serving.choosers.base import RowChooser
 
 MAX_LOG_ODDS = 40.0
 INIT_SLOPE, INIT_BIAS = 0.5, -0.2
@@ -45,10 +44,11 @@ REFIT_INTERVAL, DAMPING, L2 = 100, 50.0, 1e-3
 PROFILE_CONTEXT = 8192
 
 
-def top_logodds(logs, rows: np.ndarray, K: int) -> np.ndarray:
-    """[n, K] f_{r,k}: the log-odds of each chain draft's own probability (width-1 logs, greedy drafts)."""
-    s = logs.w[1].beam_scores[rows, :K, 0].astype(np.float64)
-    logq = np.diff(np.concatenate([np.zeros((len(rows), 1)), s], 1), axis=1)        # log q_k <= 0
+def top_logodds(scores: np.ndarray) -> np.ndarray:
+    """[n, K] f_{r,k}: the log-odds of each chain draft's own probability, from the running log-probs
+    [n, K] of greedy chain drafts (the drafted token is the top one)."""
+    s = np.asarray(scores, np.float64)
+    logq = np.diff(np.concatenate([np.zeros((len(s), 1)), s], 1), axis=1)           # log q_k <= 0
     with np.errstate(divide="ignore"):
         f = logq - np.log(-np.expm1(logq))                                          # log q / (1 - q)
     return np.clip(f, -MAX_LOG_ODDS, MAX_LOG_ODDS)
@@ -100,19 +100,16 @@ class OnlineEstimator:
         self._clear()
 
 
-class VLLMAdaptiveVerification(Chooser):
-    """The rule of the module docstring as a step chooser over chains of K."""
+class VLLMAdaptiveVerification(RowChooser):
+    """The rule of the module docstring as a step chooser over chains of K (base.RowChooser: the
+    same two calls on the device)."""
 
     def __init__(self, K: int = 5, name: str | None = None, profile_context: int = PROFILE_CONTEXT):
         self.K, self.profile_context = int(K), profile_context
         self.name = name or f"vLLM adaptive verification (K = {self.K})"
 
-    def shapes(self):
-        return [S.OFF, *[S.chain(k) for k in range(1, self.K + 1)]]
-
     def reset(self, table, latency):
         super().reset(table, latency)
-        self.idx = np.array([table.index(s) for s in self.shapes()])
         self.est = OnlineEstimator(self.K)
         self.stale: dict[int, np.ndarray] = {}                # request -> its previous step's p
         self.pending = None
@@ -124,9 +121,12 @@ class VLLMAdaptiveVerification(Chooser):
         draft = float(self.K * lat.t_draft(1, c, batch=B))
         return draft, lat.t_verify(1 + N / B, c, batch=B) + lat.t_overhead(c, batch=B)
 
-    def choose(self, view):
+    def draft_depth(self, view):
+        return self.K                                   # every request drafts its full chain
+
+    def row_caps(self, view, scores):
         B = view.batch
-        f = top_logodds(self.table.logs, view.rows, self.K)
+        f = top_logodds(scores)
         p = self.est.predict(f)                                                    # [B, K]
         old = np.stack([self.stale.get(int(q), np.ones(self.K)) for q in view.requests])
         scores = np.sort(np.cumprod(old, 1).ravel())[::-1]
@@ -139,7 +139,7 @@ class VLLMAdaptiveVerification(Chooser):
         for q, row in zip(view.requests, p):
             self.stale[int(q)] = row
         self.pending = (f, p, k)
-        return RowShapes(int(self.idx[self.K]), self.idx[k])
+        return k
 
     def observe(self, view, a, accepted):
         f, p, k = self.pending

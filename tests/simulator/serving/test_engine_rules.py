@@ -2,6 +2,8 @@
 engines' own adaptive rules as step choosers, each against a hand-computed trace."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -47,8 +49,14 @@ def test_row_shapes_each_row_takes_its_own_acceptance_and_the_verify_is_priced_b
     L = [int(logs.w[1].acceptance[r, x - 1, logs.grid_index(np.array([x + 1]))[0]]) if x else 0 for r, x in zip(rows, k)]
     assert res.row_trace["accepted"][:3].tolist() == L
     c = lat.step_context(ctx)
-    want = 3 * lat.t_draft(1, c, batch=3) + lat.t_verify((2 + 1 + 4) / 3, c, batch=3) + lat.t_overhead(c, batch=3)
-    assert res.step_time[0] == pytest.approx(float(want), rel=1e-9)
+    fixed = 3 * lat.t_draft(1, c, batch=3) + lat.t_overhead(c, batch=3)
+    assert lat.batch_context == "max"                               # DraftGym's engine: padded to the longest row
+    assert res.step_time[0] == pytest.approx(float(fixed + lat.t_verify(4, c, batch=3)), rel=1e-9)
+    paged = dataclasses.replace(lat, batch_context="mean")          # a flattened-token engine: the rows' total
+    t = table.row_step_time(paged, table.index(S.chain(3)), [table.index(x) for x in (S.chain(1), S.OFF, S.chain(3))],
+                            3, paged.step_context(ctx))
+    fixed = 3 * paged.t_draft(1, paged.step_context(ctx), batch=3) + paged.t_overhead(paged.step_context(ctx), batch=3)
+    assert t == pytest.approx(float(fixed + paged.t_verify((2 + 1 + 4) / 3, paged.step_context(ctx), batch=3)), rel=1e-9)
     assert res.step_drafted[0] == 1 + 0 + 3 and res.step_shape[0] == table.index(S.chain(3))
     with pytest.raises(DataError, match="not a prefix of the drafted chain:2"):
         serve(logs, lat, table, _Rows(2, [3]), np.zeros(2), 2)
@@ -96,7 +104,8 @@ def test_acceptance_model_fits_reproducibly_saves_and_a_learned_budget_is_lossle
     from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget, chain_acceptance, chain_features
 
     a, b = AcceptanceModel.fit(logs, 3, seed=1), AcceptanceModel.fit(logs, 3, seed=1)
-    assert a.weights == b.weights and a.bias == b.bias and a.train["examples"] > 50
+    assert a.weights == b.weights and a.bias == b.bias and a.prior == b.prior and a.train["examples"] > 50
+    assert np.allclose(a.extend(np.array([[0.5]])), [[0.5, 0.5 * a.prior[1] / a.prior[0], 0.5 * a.prior[2] / a.prior[0]]])
     rows = np.arange(logs.n_positions)
     p = a.p(chain_features(logs, rows, 3))
     assert (np.diff(p, axis=1) <= 1e-12).all() and ((p > 0) & (p < 1)).all()
@@ -119,7 +128,7 @@ def test_vllm_feature_is_the_log_odds_of_each_chain_draft(logs):
     rows = np.arange(min(50, logs.n_positions))
     s = logs.w[1].beam_scores[rows, :3, 0].astype(np.float64)
     q = np.exp(np.diff(np.concatenate([np.zeros((len(rows), 1)), s], 1), axis=1))
-    f = top_logodds(logs, rows, 3)
+    f = top_logodds(logs.w[1].beam_scores[rows, :3, 0])
     ok = q < 1 - 1e-9
     assert np.allclose(f[ok], np.clip(np.log(q / (1 - q)), -40, 40)[ok], atol=1e-6)
 
@@ -162,7 +171,7 @@ def test_vllm_budget_is_the_argmax_over_stale_scores_and_admits_the_best_current
     n_first = int(np.argmax((3 + np.arange(10)) / (draft + verify)))                  # new requests: every S = 1
     out = ch.choose(view)
     k = np.array([table.shapes[i][0] for i in out.rows])
-    surv = np.cumprod(ch.est.predict(top_logodds(logs, rows, 3)), 1)
+    surv = np.cumprod(ch.est.predict(top_logodds(logs.w[1].beam_scores[rows, :3, 0])), 1)
     assert k.sum() == n_first and table.shapes[out.draft] == S.chain(3)
     kept = np.concatenate([surv[r, :k[r]] for r in range(3)])
     dropped = np.concatenate([surv[r, k[r]:] for r in range(3)])
