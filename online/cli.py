@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 # ------------------------------------------------------------------------------------ validate, profile-policy
 
 def add_validate(sub: argparse._SubParsersAction) -> None:
-    from simulator.cli import window_arg
+    from pipeline.cliargs import window_arg
 
     p = sub.add_parser("validate", help="run policies in the loop on this device; speedup, lossless, sim-vs-real report")
     add_model_head(p)

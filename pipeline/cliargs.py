@@ -179,3 +179,11 @@ def add_device_dtype(p: argparse.ArgumentParser) -> None:
                         "bfloat16 where it has bf16 units (AMX / AVX512-BF16), else float32 (override the CPU "
                         "default with DRAFTGYM_CPU_DTYPE=float32|bfloat16|auto). Logs, latency profiles and "
                         "reports record it, and never mix dtypes")
+
+
+def window_arg(p: argparse.ArgumentParser) -> None:
+    """--max-positions-in-memory: the one memory knob of every command that reads positions."""
+    p.add_argument("--max-positions-in-memory", type=COUNT, default=None,
+                   help="logs with more positions are read a chunk (evaluate, tune --ray; validate's grid-best) or a "
+                        "seeded sampled window (train, tune, serve-eval, train-load, transfer; validate: plus the decoded "
+                        "prompts' sequences) of this many at a time: about 3-6 KB each at W = 10")

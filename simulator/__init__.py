@@ -21,4 +21,5 @@ the baselines ("Baselines and the oracle"); docs/policies.md shows how to train 
     serve_eval.py      `draftgym serve-eval`: every way of choosing the step's shape under one load
     transfer.py        `draftgym transfer`: one set of logs, two latency profiles, the 2 x 2 table
     cli.py             the `draftgym` subcommands registered by this package
+    serving_cli.py     the flags of its serving commands (tune, serve-eval, train-load, export, profile-import)
 """

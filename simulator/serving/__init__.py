@@ -5,11 +5,14 @@ way of choosing, learned policies included, is simulator/serve_eval.py.
     shapes.py        a step's shape (D, W, V): off, chain K, tree; what the logs can replay
     replay.py        the serving step over B rows, exact per row; the closed batch (B rows always full)
     arrivals.py      request arrival times: Poisson, a load sweep, a trace file
-    load.py          continuous batching under load: queue, joins and leaves at step boundaries
+    load.py          continuous batching under load: queue, joins and leaves at step boundaries; the
+                     switching price
     metrics.py       throughput, TPOT, time in queue, goodput, tau, drafts per step (defined once)
-    choosers/        who picks a step's shape: static, schedule, oracle, SGLang's two rules, learned
+    choosers/        who picks a step's shape: static, schedule, oracle, SGLang's two rules, learned; per-request
+                     budgets (vLLM's adaptive verification, DraftGym's learned budget)
     schedule.py      a schedule: batch-size ranges -> shapes, merged from tuned choices; JSON
     tune.py          `draftgym tune`: the best shape per batch size -> a schedule
+    context_axis.py  `tune --context-bins`: does choosing the shape by context as well as B pay
     formats/         the engines' formats: `draftgym export` (vLLM, SGLang), `profile-import` (SGLang bench)
     observations.py  the load-aware observation: B, queue, context, accept EMA, draft confidences
     env.py           the load-aware replay env: n servers under Poisson load, one shape held per decision
