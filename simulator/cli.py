@@ -20,10 +20,11 @@ METHODS = ["radar", "ltd", "resps"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simulator.serving_cli import add_export, add_profile_import, add_serve_eval, add_train_load, add_tune
+    from simulator.serving_cli import (add_cost_table, add_export, add_profile_import, add_serve_eval, add_train_load,
+                                       add_tune)
 
     for add in (add_evaluate, add_train, add_transfer, add_synth, add_latency_report, add_tune, add_serve_eval,
-                add_export, add_profile_import, add_train_load):
+                add_export, add_cost_table, add_profile_import, add_train_load):
         add(sub)
 
 

@@ -6,6 +6,7 @@ command runs).
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from pipeline.cliargs import (COUNT, DTYPES, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, add_json,
                               add_no_progress, config_from_args, set_command, window_arg)
@@ -165,6 +166,34 @@ def _train_load_config(args):
     shared = {k: v for k, v in (("width", args.width), ("max_depth", args.max_depth)) if v is not None}
     return config_from_args(LoadTrainConfig, args, ltd=replace(LTDLoadConfig(), **shared),
                             radar=replace(RadarLoadConfig(), **shared))
+
+
+def add_cost_table(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cost-table", help="SGLang's DSpark cost table (--speculative-dspark-sps-table-path) from a "
+                                          "latency profile")
+    p.add_argument("--latency", required=True, help="root holding latency/ (a logs root or a profile folder)")
+    p.add_argument("--model", default=None, help="model partition (default: the only one)")
+    p.add_argument("--profile", default=None, help="latency profile_id (default: the newest)")
+    p.add_argument("--dtype", default=None, choices=list(DTYPES), help="the profile's dtype (default: the only one)")
+    p.add_argument("--gamma", type=COUNT, required=True, help="drafts per request each step (DSpark's block size)")
+    p.add_argument("--context", type=POSITIVE_FLOAT, help="context the table is priced at, in tokens")
+    p.add_argument("--out", required=True, help="table JSON to write")
+    add_json(p)
+    set_command(p, lambda a: config_from_args(CostTableConfig, a), "simulator.serving.formats.dspark_table:"
+                "run_cost_table_command", "simulator.serving_cli:CostTableConfig")
+
+
+@dataclass
+class CostTableConfig:
+    """`draftgym cost-table` settings."""
+    latency: str = ""
+    model: str | None = None
+    profile: str | None = None
+    dtype: str | None = None
+    gamma: int = 1
+    context: float = 2048.0               # SGLang's throughput-aware rule profiles at 2048 by default
+    out: str = ""
+    as_json: bool = False
 
 
 def add_export(sub: argparse._SubParsersAction) -> None:

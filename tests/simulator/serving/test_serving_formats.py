@@ -179,3 +179,36 @@ def read_bench_rows(tmp_path, rows):
     f = tmp_path / "part.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in rows))
     return read_bench(f)
+
+
+def test_dspark_cost_table_from_a_profile(tmp_path, capsys):
+    """`draftgym cost-table`: SGLang's additive DSpark table, its probes SGLang's own sweep, its checks
+    passed, its step time fitted to the profile's (B, budget) grid with the error it reports, and the
+    bias and alpha exact at every profiled B when nothing is verified beyond the anchors."""
+    import numpy as np
+
+    from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
+    from simulator.serving.formats import dspark_table as D
+
+    assert D.batch_token_sweep(40) == [1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40]
+    assert D.batch_token_sweep(130)[-3:] == [124, 128, 130]
+    write_synthetic_logs(tmp_path / "logs", SyntheticConfig(n_sequences=3, widths=(1,), latency_profile="gpu",
+                                                           latency_batches=(1, 2, 4, 8)))
+    lat = LatencyModel.from_logs(tmp_path / "logs")
+    table, fit = D.dspark_table(lat, gamma=3, context=256)
+    D.check_table(table)
+    assert table["bs_probes"] == [1, 2, 4, 8] and table["m_probes"][-1] == 8 * 4
+    for B in table["bs_probes"]:                                           # budget 0: the anchors alone
+        want = 3 * lat.t_draft(1, 256.0, batch=B) + lat.t_overhead(256.0, batch=B) + lat.t_verify(1, 256.0, batch=B)
+        assert float(D.step_time(table, B, 0)) == pytest.approx(float(want), rel=max(fit["max_rel_error"], 1e-9) + 1e-9)
+    grid = [(B, N) for B in (1, 2, 4, 8) for N in range(B * 3 + 1)]
+    rel = [abs(float(D.step_time(table, B, N)) / float(3 * lat.t_draft(1, 256.0, batch=B) + lat.t_overhead(256.0, batch=B)
+                                                      + lat.t_verify(1 + N / B, 256.0, batch=B)) - 1) for B, N in grid]
+    assert fit["grid_points"] == len(grid) and max(rel) == pytest.approx(fit["max_rel_error"], rel=1e-6)
+    assert np.mean(rel) == pytest.approx(fit["mean_rel_error"], rel=1e-6)
+    out = tmp_path / "t.json"
+    assert cli(["cost-table", "--latency", str(tmp_path / "logs"), "--gamma", "3", "--context", "256", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["bias_seconds"] > 0 and "token probes" in capsys.readouterr().out
+    with pytest.raises(DataError, match="strictly increasing"):
+        D.check_table({**table, "m_probes": [2, 1]})
+    assert cli(["cost-table", "--latency", str(tmp_path / "nope"), "--gamma", "3", "--out", str(out)]) != 0
