@@ -17,6 +17,9 @@ file; each request replays one logged sequence of the evaluated split; continuou
                        start-up cost tables (vllm_adaptive.py; K = --row-budget-k; width-1 logs)
     SGLang throughput  SGLang's throughput-aware rule on its documented example tiers, its cost table
                        read from this run's latency profile (sglang_throughput.py; chains: width-1 logs)
+    SGLang DSpark      SGLang's DSpark ragged-verify budget over chains of K, its cost table written from this
+                       run's profile at the tuning split's median context (choosers/sglang_dspark.py,
+                       formats/dspark_table.py; width-1 logs)
     per-request budget each row verifies its own prefix of one drafted chain, drafts stop when one more
                        would not pay, kept by a learned acceptance model (fitted here on the tuning
                        split, chains up to --row-budget-k) and the profile's cost
@@ -205,14 +208,19 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
             k = min(cfg.row_budget_k, tune_logs.max_depth)
             from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
 
+            from simulator.serving.choosers.sglang_dspark import SGLangDSpark
+            from simulator.serving.formats.dspark_table import dspark_table
+
             methods.append(VLLMAdaptiveVerification(k))
+            sps, _ = dspark_table(lat, k, float(np.median(tune_logs.context_len)))
+            methods.append(SGLangDSpark(sps, k))
             acc = AcceptanceModel.fit(tune_logs, k, split=cfg.tune_split)
             if cfg.acceptance_model_out:
                 acc.save(cfg.acceptance_model_out)
             methods.append(CalibratedBudget(acc))
         else:
-            notes.append("per-request budget and vLLM adaptive verification skipped: they need width-1 logs (collect "
-                         "with --widths 1,10)")
+            notes.append("per-request budget, vLLM adaptive verification and SGLang DSpark skipped: they need width-1 "
+                         "logs (collect with --widths 1,10)")
     if cfg.oracle:
         methods.append(GreedyOracle())
     shapes = list(dict.fromkeys([*cands, *sched.shapes(), best, *(s for m in methods for s in m.shapes())]))

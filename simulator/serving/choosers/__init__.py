@@ -4,6 +4,7 @@
     sglang_adaptive.py    SGLang's adaptive EMA rule, reimplemented from its source
     sglang_throughput.py  SGLang's throughput-aware rule, reimplemented from its source
     vllm_adaptive.py      vLLM's adaptive verification (per-request verify budgets), from its source
+    sglang_dspark.py      SGLang's DSpark ragged-verify budget, from its source, priced by a DSpark cost table
     row_budget.py         DraftGym's per-request budget: a learned acceptance model and the slot allocation
     learned.py            a learned load-aware policy as a step chooser (`serve-eval --policy`)
 """

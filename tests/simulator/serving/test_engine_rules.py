@@ -209,3 +209,33 @@ def test_context_axis_splits_sum_to_the_totals_and_the_answer_is_an_exact_replay
     assert ans["pays"] == (ans["best_gain"] >= 1.01) and "context axis (3 bins" in context_lines(ans)[0]
     with pytest.raises(DataError, match="at least 2 bins"):
         context_edges(logs, 1)
+
+
+def test_sglang_dspark_budget_by_hand(logs, lat):
+    """SGLang's DSpark budget: new requests' lagged survivals are 1, so the first step's N* is the
+    argmax of (R + N) / step_time(R, N) from the table; the kept slots are the best current survivals;
+    the next step reads this step's confidences; every request still emits its whole text."""
+    from simulator.serving.choosers.base import StepView
+    from simulator.serving.choosers.sglang_dspark import SGLangDSpark
+    from simulator.serving.formats.dspark_table import dspark_table, step_time
+
+    sps, _ = dspark_table(lat, 3, 256.0)
+    ch = SGLangDSpark(sps, 3)
+    table = ShapeTable(logs, ch.shapes())
+    ch.reset(table, lat)
+    rows = np.array([1, 9, 30])
+    view = StepView(batch=3, rows=rows, context_len=logs.context_len[rows], left=np.full(3, 50),
+                    requests=np.array([0, 1, 2]), time=0.0, queued=0)
+    scores = logs.w[1].beam_scores[rows, :3, 0].astype(np.float64)
+    k = ch.row_caps(view, scores)
+    N = np.arange(10)
+    assert k.sum() == int(np.argmax((3 + N) / step_time(sps, np.full(10, 3), N)))
+    surv = np.exp(scores)                                                   # running products of the confidences
+    kept = np.concatenate([surv[r, :k[r]] for r in range(3)])
+    dropped = np.concatenate([surv[r, k[r]:] for r in range(3)])
+    assert not len(kept) or not len(dropped) or kept.min() >= dropped.max() - 1e-12
+    k2 = ch.row_caps(view, scores)                                          # lagged = this step's confidences now
+    cand = np.sort(surv.ravel())[::-1]
+    assert k2.sum() == int(np.argmax((3 + np.r_[0, np.cumsum(cand)]) / step_time(sps, np.full(10, 3), N)))
+    res = serve(logs, lat, table, SGLangDSpark(sps, 3), np.zeros(10), 4)
+    assert (res.tokens == logs.new_tokens[res.seq] - 1).all() and ch.draft_depth(view) == 3

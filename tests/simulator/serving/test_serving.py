@@ -354,6 +354,6 @@ def test_serve_eval_skips_what_the_logs_cannot_replay(w10_root, root, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rep["rows"]][2:] == ["schedule (per B)"]
     assert len(rep["notes"]) == 5 and all("width-1 logs" in n for n in rep["notes"][1:])
-    assert rep["notes"][-1].startswith("per-request budget and vLLM adaptive verification skipped")
+    assert rep["notes"][-1].startswith("per-request budget, vLLM adaptive verification and SGLang DSpark skipped")
     # the synthetic profile's prefill lengths start at 128 tokens: the shortest prompt is charged as 128
     assert rep["notes"][0].startswith("prefill: of 6 prompts (122-330 tokens), 1 below (charged as 128 tokens)")
