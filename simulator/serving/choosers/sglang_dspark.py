@@ -10,8 +10,9 @@ step over R decoding requests, each drafting gamma tokens:
     budget     N* = argmax_N (R + sum of the N largest S) / step_time(R, N)      (additive table)
                candidates below survival_eps (1e-6) left out
     admission  the N* best current survivals over all (r, j): a prefix of each row (the survival
-               falls along j); the kernel that does it on the GPU (schedule_verify_lens_topk) was
-               not read, its name and the budget's definition say this
+               falls along j); kernels/schedule_verify_lens_topk.py (692c5f7d532f): each request
+               verifies min_verify_len (1: its anchor) plus its cells among the global top N*,
+               clamped to [1, gamma + 1]
 
 On EAGLE-3 chains the confidence is the drafted token's own probability (the logs' running log-probs,
 differenced). The step time is the exported table's, so the replay runs the rule as a server fed
