@@ -116,7 +116,7 @@ class ShapeTable:
         on = self.depth[rows_a] > 0
         if (on & ((self.width[rows_a] != w) | (self.depth[rows_a] > d))).any():
             raise DataError(f"a row's shape is not a prefix of the drafted {label(self.shapes[draft])}")
-        v = np.where(on, np.minimum(self.verify[rows_a], 1 + self.width[rows_a] + (self.depth[rows_a] - 1) * self.width[rows_a] ** 2), 1)
+        v = self.verify[rows_a]                          # canonical shapes: V_eff already, 1 when off
         flat = getattr(latency, "batch_context", "max") == "mean" if flat is None else flat
         c = np.asarray(context_len, np.float64)
         t = latency.t_verify(float(v.mean() if flat else v.max()), c, batch=batch) + latency.t_overhead(c, batch=batch)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.serving.shapes import canonical, label
+from simulator.serving.shapes import OFF, canonical, chain, label
 
 
 @dataclass
@@ -76,6 +76,30 @@ class Chooser:
         return []
 
 
+def draft_logprobs(scores) -> np.ndarray:
+    """[n, D] each chain draft's own log-prob, from the drafts' running log-probs [n, D]."""
+    s = np.asarray(scores, np.float64)
+    return np.diff(np.concatenate([np.zeros((len(s), 1)), s], 1), axis=1)
+
+
+def best_budget(values, batch: int, step_time) -> int:
+    """N* = argmax over N of (B + the sum of the N largest `values`) / step_time(N): the verify budget
+    of every per-request rule (vLLM's, SGLang's DSpark, row_budget.allocate). step_time takes N [M]."""
+    v = np.sort(np.asarray(values, np.float64).ravel())[::-1]
+    N = np.arange(len(v) + 1)
+    return int(np.argmax((batch + np.concatenate([[0.0], np.cumsum(v)])) / np.asarray(step_time(N), np.float64)))
+
+
+def keep_best(p: np.ndarray, n: int) -> np.ndarray:
+    """k [B]: each row's count among the n largest p [B, K] (ties: the shallower draft), a prefix of
+    every row when p falls along K."""
+    B, K = p.shape
+    order = np.lexsort((np.tile(np.arange(K), B), -p.ravel()))
+    k = np.zeros(B, np.int64)
+    np.add.at(k, order[:n] // K, 1)
+    return k
+
+
 class RowChooser(Chooser):
     """A chooser whose steps give each row its own prefix of one drafted chain (RowShapes), in two
     calls that the engine can make too (online/adapters/chooser.py):
@@ -89,7 +113,7 @@ class RowChooser(Chooser):
     K = 1
 
     def shapes(self):
-        return [canonical((0, 1, 1)), *[canonical((k, 1, k + 1)) for k in range(1, self.K + 1)]]
+        return [OFF, *[chain(k) for k in range(1, self.K + 1)]]
 
     def reset(self, table, latency):
         super().reset(table, latency)

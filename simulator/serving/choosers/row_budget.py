@@ -55,7 +55,7 @@ import numpy as np
 
 from pipeline.errors import DataError
 from simulator.serving import shapes as S
-from simulator.serving.choosers.base import RowChooser
+from simulator.serving.choosers.base import RowChooser, best_budget, draft_logprobs, keep_best
 
 FEATURES = ("draft_logprob", "running_logprob", "log1p_context_k")
 
@@ -63,23 +63,13 @@ FEATURES = ("draft_logprob", "running_logprob", "log1p_context_k")
 def allocate(p: np.ndarray, step_time) -> np.ndarray:
     """k [B]: drafts each row keeps (module docstring). p [B, K] non-increasing along K; step_time(N)
     takes N [M] (total kept drafts) and returns the step's seconds [M]."""
-    B, K = p.shape
-    flat = p.ravel()
-    depth = np.tile(np.arange(K), B)
-    order = np.lexsort((depth, -flat))                          # best first; ties: the shallower draft
-    gain = np.concatenate([[0.0], np.cumsum(flat[order])])       # [B K + 1] sum of the N largest
-    N = np.arange(B * K + 1)
-    rate = (B + gain) / np.asarray(step_time(N), np.float64)
-    n = int(np.argmax(rate))
-    k = np.zeros(B, np.int64)
-    np.add.at(k, order[:n] // K, 1)
-    return k
+    return keep_best(p, best_budget(p, p.shape[0], step_time))
 
 
 def score_features(scores: np.ndarray, context_len) -> np.ndarray:
     """[n, D, F] the features of each row's chain drafts from their running log-probs [n, D]."""
     s = np.asarray(scores, np.float64)
-    step = np.diff(np.concatenate([np.zeros((len(s), 1)), s], 1), axis=1)
+    step = draft_logprobs(s)
     ctx = np.broadcast_to(np.log1p(np.asarray(context_len, np.float64) / 1000.0)[:, None], s.shape)
     return np.stack([step, s, ctx], -1)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.serving.choosers.base import RowChooser
+from simulator.serving.choosers.base import RowChooser, best_budget, draft_logprobs, keep_best
 from simulator.serving.formats.dspark_table import step_time
 
 SURVIVAL_EPS = 1e-6
@@ -44,17 +44,11 @@ class SGLangDSpark(RowChooser):
 
     def row_caps(self, view, scores):
         R = view.batch
-        s = np.asarray(scores, np.float64)
-        conf = np.exp(np.diff(np.concatenate([np.zeros((R, 1)), s], 1), axis=1))      # [R, gamma] c_{r,j}
+        conf = np.exp(draft_logprobs(scores))                                           # [R, gamma] c_{r,j}
         old = np.stack([self.lagged.get(int(q), np.ones(self.K)) for q in view.requests])
-        cand = np.sort(np.cumprod(old, 1).ravel())[::-1]
-        cand = cand[cand >= SURVIVAL_EPS]
-        N = np.arange(len(cand) + 1)
-        n = int(np.argmax((R + np.concatenate([[0.0], np.cumsum(cand)])) / step_time(self.sps, np.full(len(N), R), N)))
-        surv = np.cumprod(conf, 1).ravel()
-        order = np.lexsort((np.tile(np.arange(self.K), R), -surv))
-        k = np.zeros(R, np.int64)
-        np.add.at(k, order[:n] // self.K, 1)
+        cand = np.cumprod(old, 1).ravel()
+        n = best_budget(cand[cand >= SURVIVAL_EPS], R, lambda N: step_time(self.sps, np.full(len(N), R), N))
+        k = keep_best(np.cumprod(conf, 1), n)
         for q, row in zip(view.requests, conf):
             self.lagged[int(q)] = row
         return k

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.serving.choosers.base import RowChooser
+from simulator.serving.choosers.base import RowChooser, best_budget, draft_logprobs, keep_best
 
 MAX_LOG_ODDS = 40.0
 INIT_SLOPE, INIT_BIAS = 0.5, -0.2
@@ -49,8 +49,7 @@ PROFILE_CONTEXT = 8192
 def top_logodds(scores: np.ndarray) -> np.ndarray:
     """[n, K] f_{r,k}: the log-odds of each chain draft's own probability, from the running log-probs
     [n, K] of greedy chain drafts (the drafted token is the top one)."""
-    s = np.asarray(scores, np.float64)
-    logq = np.diff(np.concatenate([np.zeros((len(s), 1)), s], 1), axis=1)           # log q_k <= 0
+    logq = draft_logprobs(scores)                                                    # log q_k <= 0
     with np.errstate(divide="ignore"):
         f = logq - np.log(-np.expm1(logq))                                          # log q / (1 - q)
     return np.clip(f, -MAX_LOG_ODDS, MAX_LOG_ODDS)
@@ -131,13 +130,9 @@ class VLLMAdaptiveVerification(RowChooser):
         f = top_logodds(scores)
         p = self.est.predict(f)                                                    # [B, K]
         old = np.stack([self.stale.get(int(q), np.ones(self.K)) for q in view.requests])
-        scores = np.sort(np.cumprod(old, 1).ravel())[::-1]
         draft, verify = self.costs(B)
-        n = int(np.argmax((B + np.concatenate([[0.0], np.cumsum(scores)])) / (draft + verify)))
-        surv = np.cumprod(p, 1).ravel()
-        order = np.lexsort((np.tile(np.arange(self.K), B), -surv))
-        k = np.zeros(B, np.int64)
-        np.add.at(k, order[:n] // self.K, 1)
+        n = best_budget(np.cumprod(old, 1), B, lambda N: draft + verify[N])
+        k = keep_best(np.cumprod(p, 1), n)
         for q, row in zip(view.requests, p):
             self.stale[int(q)] = row
         self.pending = (f, p, k)
