@@ -109,6 +109,8 @@ def add_validate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=COUNT, help="with --load-trace: the most rows decoding at once")
     p.add_argument("--row-budget-k", type=NON_NEGATIVE, help="with --load-trace: > 0 also serves vLLM's adaptive "
                    "verification over chains of K (per-request verify budgets; needs --logs for its cost tables)")
+    p.add_argument("--nightjar-k", type=NON_NEGATIVE, help="with --load-trace: > 0 also serves Nightjar's bandit over "
+                   "chains 0..K (simulator/serving/choosers/nightjar.py)")
     p.add_argument("--acceptance-model", default=None, metavar="FILE",
                    help="with --load-trace: an acceptance model (serve-eval --acceptance-model-out) to serve "
                         "DraftGym's learned per-request budget too (default: not served)")

@@ -20,6 +20,8 @@ file; each request replays one logged sequence of the evaluated split; continuou
     SGLang DSpark      SGLang's DSpark ragged-verify budget over chains of K, its cost table written from this
                        run's profile at the tuning split's median context (choosers/sglang_dspark.py,
                        formats/dspark_table.py; width-1 logs)
+    Nightjar           Nightjar's bandit over chains 0..--nightjar-k per batch-size bin, off above 20 rows at
+                       > 2 req/s, as its authors' vLLM fork runs it (choosers/nightjar.py; width-1 logs; 0: skip)
     per-request budget each row verifies its own prefix of one drafted chain, drafts stop when one more
                        would not pay, kept by a learned acceptance model (fitted here on the tuning
                        split, chains up to --row-budget-k) and the profile's cost
@@ -59,6 +61,7 @@ from simulator.serving.load import SwitchPrice, serve
 from simulator.serving.choosers.base import GreedyOracle, ScheduleChooser, StaticChooser
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
+from simulator.serving.choosers.nightjar import Nightjar
 from simulator.serving.choosers.sglang_adaptive import SGLangAdaptive, load_config
 from simulator.serving.choosers.sglang_throughput import SGLangThroughput
 from simulator.serving.tune import ServingLogsConfig, load_inputs, profiled_candidates, tune
@@ -84,6 +87,7 @@ class ServeEvalConfig(ServingLogsConfig):
     sglang_initial_steps: int = 3         # SGLang's --speculative-num-steps (each tier's start)
     oracle: bool = True                   # run the greedy per-step oracle
     row_budget_k: int = 5                 # per-request budgets: chains up to K (0: skip)
+    nightjar_k: int = 3                   # Nightjar's bandit: chains 0..K, its fork's default (0: skip)
     switch_ms: float = 0.0                # the modelled engine's price of a shape switch (load.SwitchPrice)
     off_factor: float = 1.0               # an off step's cost over the profiled AR step
     engine: str = "profile"               # price steps as the profile's engine runs them, or "paged": the batch's
@@ -191,9 +195,11 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
     methods = [StaticChooser(S.OFF, "AR"), StaticChooser(best, f"best static ({S.label(best)})"),
                ScheduleChooser(sched, "schedule (per B)")]
     sg_cfg = load_config(cfg.sglang_config) if cfg.sglang_config else None
-    for m in (ScheduleChooser(Schedule.vllm_eagle3_example(), "vLLM EAGLE-3 example"),
-              SGLangAdaptive(sg_cfg, initial_steps=cfg.sglang_initial_steps),
-              SGLangThroughput(initial_steps=cfg.sglang_initial_steps)):
+    rules = [ScheduleChooser(Schedule.vllm_eagle3_example(), "vLLM EAGLE-3 example"),
+             SGLangAdaptive(sg_cfg, initial_steps=cfg.sglang_initial_steps),
+             SGLangThroughput(initial_steps=cfg.sglang_initial_steps)]
+    rules += [Nightjar(cfg.nightjar_k, seed=cfg.seed)] if cfg.nightjar_k else []
+    for m in rules:
         missing = [S.label(s) for s in m.shapes() if not S.replayable(logs, s)]
         if missing:
             notes.append(f"{m.name} skipped: the logs cannot replay {', '.join(missing)} (chains need width-1 logs "

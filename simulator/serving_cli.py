@@ -89,6 +89,9 @@ def add_serve_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--row-budget-k", type=NON_NEGATIVE,
                    help="per-request budgets: fit the acceptance model on the tuning split for chains up to K and "
                         "replay the learned allocator (simulator/serving/choosers/row_budget.py); 0: skip")
+    p.add_argument("--nightjar-k", type=NON_NEGATIVE,
+                   help="Nightjar's bandit over chains 0..K per batch-size bin, as its authors' vLLM fork runs it "
+                        "(simulator/serving/choosers/nightjar.py); 0: skip")
     p.add_argument("--switch-ms", type=NON_NEGATIVE_FLOAT,
                    help="ms the modelled engine adds to a step whose shape differs from the step before")
     p.add_argument("--engine", choices=["profile", "paged"],

@@ -8,11 +8,13 @@ shapes, and the view is built from the engine's StepContext:
     batch, context_len, requests, queued     the engine's (the same meaning as in the replay)
     left                                     max_new_tokens - tokens emitted, per row
     rows                                     -1: no log row on the device
+    time, step_time                          wall s since reset at the plan; wall s from plan to observe
+                                             (Nightjar's bandit learns from tokens per second)
     confidence                               [B, 1] float64: each root's depth-1 top draft log-prob,
                                              measured by the engine (only on the steps it is asked)
 
-Which choosers run here. Static shapes, schedules (a per-B schedule, vLLM's example) and SGLang's
-adaptive rule read only the batch and the accepted lengths. A learned load-aware policy
+Which choosers run here. Static shapes, schedules (a per-B schedule, vLLM's example), SGLang's
+adaptive rule and Nightjar's bandit read only the batch, the accepted lengths and the clock. A learned load-aware policy
 (simulator/serving/choosers/learned.py LearnedChooser) also reads the batch's draft confidences s_r(d); the
 engine measures s_r(1) (StepContext.confidence: the top-1 log-prob of the roots' pending draft
 forward, the same at every width) when the controller's `uses_confidence` is True, which here is
@@ -34,6 +36,8 @@ current). That is the replay's charge (observations.probe_forwards: with k = 1 o
 forward), so device and replay price a decision alike; the policy call itself is in t_controller.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -94,7 +98,7 @@ class ChooserController(Controller):
 
     def reset(self) -> None:
         self.chooser.reset(self.table, self.latency)
-        self.view, self.a = None, None
+        self.view, self.a, self.t0 = None, None, time.perf_counter()
 
     def plan(self, ctx: StepContext) -> StepShape:
         B = ctx.batch_size
@@ -104,7 +108,7 @@ class ChooserController(Controller):
             conf = ctx.confidence.detach().to("cpu").double().numpy().reshape(B, 1)
         self.view = StepView(batch=B, rows=np.full(B, -1, np.int64), context_len=np.asarray(ctx.context_lens, np.int64),
                              left=np.array([self.max_new[r] for r in ctx.rows], np.int64) - np.asarray(ctx.new_tokens),
-                             requests=req, time=0.0, queued=ctx.queued, confidence=conf)
+                             requests=req, time=time.perf_counter() - self.t0, queued=ctx.queued, confidence=conf)
         return self._choose()
 
     def _choose(self) -> StepShape:
@@ -112,6 +116,7 @@ class ChooserController(Controller):
         return StepShape(*self.table.shapes[self.a])
 
     def observe(self, record: StepRecord) -> None:
+        self.view.step_time = time.perf_counter() - self.t0 - self.view.time     # wall s since this step's plan
         self.chooser.observe(self.view, self.a, np.asarray(record.accepted, np.int64))
 
 

@@ -47,6 +47,7 @@ class ValidateConfig:
                                          # (online/validate/load.py) instead of the runs above
     max_batch: int = 16                  # load_trace: the most rows decoding at once
     row_budget_k: int = 0                # load_trace: > 0 adds vLLM's adaptive verification over chains of K
+    nightjar_k: int = 0                  # load_trace: > 0 adds Nightjar's bandit over chains 0..K
     acceptance_model: str | None = None  # load_trace: an acceptance model JSON (serve-eval --acceptance-model-out)
                                          # adds DraftGym's learned per-request budget
     reanchor: bool = True                # T = 0 sim-vs-real: also replay each method on its own decoded text

@@ -72,6 +72,7 @@ from simulator.serving.load import ServingResult, serve
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
 from simulator.serving.choosers.sglang_adaptive import SGLangAdaptive
+from simulator.serving.choosers.nightjar import Nightjar
 from simulator.serving.choosers.sglang_throughput import SGLangThroughput
 
 FIGURES = ("tokens_per_s", "x_ar", "tpot_mean_s", "tpot_p90_s", "queue_mean_s", "tau", "drafts_per_step", "mean_batch")
@@ -117,6 +118,8 @@ def load_methods(cfg: ValidateConfig) -> list:
         from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
 
         out.append(VLLMAdaptiveVerification(cfg.row_budget_k))
+    if cfg.nightjar_k:
+        out.append(Nightjar(cfg.nightjar_k, seed=cfg.seed))
     if cfg.acceptance_model:
         from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
 

@@ -152,6 +152,7 @@ def serve(logs, latency, table: ShapeTable, chooser: Chooser, arrivals, max_batc
             for key, v in (("request", req), ("shape", row_a), ("accepted", L), ("emitted", e)):
                 rt[key].append(v)
         t += dt
+        view.step_time = dt
         chooser.observe(view, a, L)
         p = p + L + 1                                               # 4. done rows leave
         done = p >= target[req]

@@ -42,6 +42,8 @@ class StepView:
     confidence: np.ndarray | None = None   # [B, k] draft log-probs s_r(1..k) the engine measured (on the
                                            # device, k = 1: online/adapters/chooser.py; observations.step_obs
                                            # cleans them); None in the replay, which reads the logs' rows
+    step_time: float | None = None         # s the step took, set once it ran, before observe (the replay: its
+                                           # replayed time; the device: wall time from plan to observe)
 
 
 @dataclass

@@ -86,13 +86,17 @@ def dspark_table(latency, gamma: int, context: float, batch_sizes=None) -> tuple
     bs = sorted({1, *(batch_sizes or getattr(latency, "batch_levels", [1]))})
     c = np.float64(context)
     bias = float(latency.t_overhead(c, batch=1))
-    alpha = [float(gamma * latency.t_draft(1, c, batch=B) + latency.t_overhead(c, batch=B)) - bias for B in bs]
+    # SGLang wants b > 0; a profile with no overhead term (one imported from an engine's step times) lends b half
+    # its B = 1 one-token verify, which theta gives back: the same sums, a table SGLang loads
+    lent = 0.5 * float(latency.t_verify(1, c, batch=1)) if bias <= 0 else 0.0
+    bias += lent
+    alpha = [float(gamma * latency.t_draft(1, c, batch=B) + latency.t_overhead(c, batch=B)) + lent - bias for B in bs]
     m_probes = np.array(batch_token_sweep(bs[-1] * (gamma + 1)), np.float64)
     rows, target = [], []
     for B in bs:
         N = np.arange(B * gamma + 1)
         rows.append(_hat(m_probes, B + N))
-        target.append(latency.t_verify(1 + N / B, c, batch=B))
+        target.append(latency.t_verify(1 + N / B, c, batch=B) - lent)
     A, y = np.concatenate(rows), np.concatenate(target)
     full = y + np.concatenate([np.full(B * gamma + 1, bias + a) for B, a in zip(bs, alpha)])   # the step times t(B, N)
     keep = A.sum(0) > 0                                               # probes some grid point reaches
@@ -104,7 +108,7 @@ def dspark_table(latency, gamma: int, context: float, batch_sizes=None) -> tuple
     true, fit = [], []
     for B, a in zip(bs, alpha):
         N = np.arange(B * gamma + 1)
-        true.append(bias + a + latency.t_verify(1 + N / B, c, batch=B))
+        true.append(bias + a + latency.t_verify(1 + N / B, c, batch=B) - lent)
         fit.append(step_time(table, np.full(len(N), B), N))
     rel = np.abs(np.concatenate(fit) / np.concatenate(true) - 1)
     return table, {"max_rel_error": float(rel.max()), "mean_rel_error": float(rel.mean()), "grid_points": int(len(rel)),

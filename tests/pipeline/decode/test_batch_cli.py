@@ -216,12 +216,14 @@ def test_validate_load_trace_end_to_end(tmp_path, tiny_model_dir, batch_logs, ca
     out = tmp_path / "load"
     rc = cli(["validate", "--model", str(tiny_model_dir), "--head", "random", "--load-trace", str(trace),
               "--max-batch", "2", "--n-prompts", "3", "--runs", "1", "--shapes", "tree:3,10,10;chain:2",
-              "--schedule", str(sched), "--logs", str(batch_logs), "--out", str(out), "--json", "--no-progress"])
+              "--schedule", str(sched), "--logs", str(batch_logs), "--nightjar-k", "2", "--out", str(out), "--json",
+              "--no-progress"])
     assert rc == 0
     rep = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in rep["rows"]]
     assert names == ["AR", "static tree:3,10,10", "static chain:2", "schedule (per B)", "vLLM EAGLE-3 example",
-                     "SGLang adaptive", "SGLang throughput-aware"]          # the last: priced by --logs' profile
+                     "SGLang adaptive", "SGLang throughput-aware",          # priced by --logs' profile
+                     "Nightjar bandit (authors' fork)"]
     assert rep["trace"]["requests"] == 7 and rep["replay_note"] is None
     for r in rep["rows"]:
         assert r["lossless"] == {"exact": 7, "near-tie": 0, "mismatch": 0}, r["name"]

@@ -239,3 +239,84 @@ def test_sglang_dspark_budget_by_hand(logs, lat):
     assert k2.sum() == int(np.argmax((3 + np.r_[0, np.cumsum(cand)]) / step_time(sps, np.full(10, 3), N)))
     res = serve(logs, lat, table, SGLangDSpark(sps, 3), np.zeros(10), 4)
     assert (res.tokens == logs.new_tokens[res.seq] - 1).all() and ch.draft_depth(view) == 3
+
+
+# -- Nightjar's bandit (choosers/nightjar.py) ---------------------------------------------------------
+
+def _view(B, t, requests=None, left=100):
+    from simulator.serving.choosers.base import StepView
+
+    req = np.arange(B) if requests is None else np.asarray(requests)
+    return StepView(batch=B, rows=np.zeros(B, np.int64), context_len=np.full(B, 64), left=np.full(B, left),
+                    requests=req, time=t, queued=0)
+
+
+def test_nightjar_schedule_prior_reward_and_exploit_by_hand(logs):
+    from simulator.serving.choosers.nightjar import Nightjar
+
+    nj = Nightjar(k=3, seed=0)
+    nj.reset(ShapeTable(logs, CHAINS), None)
+    # the prior: "off" is never explored below 50 rows, the rest equal; past 50 shorter chains weigh more
+    assert nj.prior[0].tolist() == [0.0, 0.5, 0.5, 0.5] and nj.bin_prior(30).tolist() == [2.0, 1.75, 1.5, 1.25]
+    assert [nj.bin_of(b) for b in (1, 2, 3, 4, 22, 23, 500)] == [0, 0, 1, 1, 10, 11, 11]
+    # blocks of 1, 2, 4, 8, 16 steps (sub-bins of 1, 1, 2, 2, 4): a block's first sub-bin always explores,
+    # so steps 1, 2, 4, 8 and 16 of a bin explore whatever the draws
+    starts = []
+    for step in range(1, 17):
+        before = int(nj.block[0])
+        nj.advance(0)
+        if int(nj.block[0]) != before or step == 1:
+            starts.append(step)
+            assert nj.exploring[0]
+    assert starts == [1, 2, 4, 8, 16]
+    # never "off" by exploration at B <= 20, over many steps
+    nj.reset(ShapeTable(logs, CHAINS), None)
+    picks = {nj.choose(_view(3, 0.01 * i)) for i in range(300)}
+    assert nj.index[0] not in picks and len(picks) == 3
+    # reward = tokens emitted / B / step seconds; exploit = the prior-smoothed mean, strength 1
+    nj.reset(ShapeTable(logs, CHAINS), None)
+    for arm, acc, dt in ((1, [1, 0], 0.1), (1, [1, 1], 0.1), (2, [3, 0], 0.25)):
+        nj.arm = arm
+        v = _view(2, 0.0)
+        v.step_time = dt
+        nj.observe(v, nj.index[arm], np.array(acc))
+    assert nj.mean[1, 0] == pytest.approx((3 / 2 / 0.1 + 4 / 2 / 0.1) / 2) and nj.n[1, 0] == 2   # 17.5 tok/row/s
+    assert nj.mean[2, 0] == pytest.approx(5 / 2 / 0.25)                                         # 10
+    nj.exploring[0], nj.block[0], nj.count[0] = False, 5, 0                                   # an exploit sub-bin
+    # scores: arm 1 (17.5 * 2 + 0.5) / 3 = 11.83, arm 2 (10 + 0.5) / 2 = 5.25, arm 3 0.5 / 1, off 0
+    assert nj.choose(_view(2, 0.0)) == nj.index[1]
+
+
+def test_nightjar_load_rule_and_request_rate_by_hand(logs):
+    from simulator.serving.choosers.nightjar import Nightjar
+
+    nj = Nightjar(k=2, seed=1)
+    nj.reset(ShapeTable(logs, [S.OFF, S.chain(1), S.chain(2)]), None)
+    assert nj.request_rate(_view(1, 0.0, [0])) == 0.0                     # nothing elapsed yet
+    assert nj.request_rate(_view(2, 4.0, [0, 1])) == pytest.approx(2 / 4)  # 2 joins in 4 s
+    # 21 rows, 21 requests joined within 11 s: the trailing 10 s hold 20 of them (t in (1, 11])
+    req = list(range(21))
+    nj.reset(nj.table, None)
+    for i in req:
+        nj.request_rate(_view(1, 0.5 * i + 1.0, [i]))
+    assert nj.request_rate(_view(21, 11.0, req)) == pytest.approx(20 / 10)
+    assert nj.choose(_view(21, 11.0, req)) != nj.index[0]                 # 2 req/s is not > 2: the bandit
+    assert nj.choose(_view(21, 11.0, req + [21, 22])) == nj.index[0]      # 2.2 req/s at 21 rows: off
+    assert nj.choose(_view(20, 11.0, req[:20] + [21, 22])) != nj.index[0]  # 20 rows: the bandit again
+
+
+def test_nightjar_replays_reproducibly_and_learns_per_bin(logs, lat):
+    from simulator.serving.choosers.nightjar import Nightjar
+
+    table = ShapeTable(logs, CHAINS)
+    arrivals = np.sort(np.random.default_rng(0).uniform(0, 2.0, 12))
+    a = serve(logs, lat, table, Nightjar(3, seed=4), arrivals, 8)
+    b = serve(logs, lat, table, Nightjar(3, seed=4), arrivals, 8)
+    assert np.array_equal(a.step_shape, b.step_shape) and np.array_equal(a.tokens, b.tokens)
+    ar = serve(logs, lat, table, StaticChooser(S.OFF), arrivals, 8)
+    assert np.array_equal(a.tokens, ar.tokens)                           # greedy replay: the same tokens
+    ch = Nightjar(3, seed=4)
+    serve(logs, lat, table, ch, arrivals, 8)
+    assert ch.n.sum() == len(a.step_shape) and ch.n[0].sum() == 0         # every step learned, never "off" here
+    bins = {ch.bin_of(x) for x in a.step_batch}
+    assert set(np.flatnonzero(ch.n.sum(0))) == bins

@@ -67,3 +67,19 @@ def test_row_choosers_on_the_engine_are_lossless(setup, B, rule):
     assert all(sc.shape == (s.batch_size, s.depth) and (sc <= 1e-6).all() for sc, s in zip(ctl.scores, budgeted))
     if rule == "vllm":
         assert {s.depth for s in res.steps} == {3}                          # vLLM's rule always drafts K
+
+
+@pytest.mark.parametrize("B", [1, 4])
+def test_nightjar_on_the_engine_is_lossless_and_learns_from_wall_time(setup, B):
+    """Nightjar's bandit (a step rule, not a per-row one) through ChooserController: every row its batch-1
+    AR output, each step's reward from the wall time between the plan and the observation."""
+    from simulator.serving.choosers.nightjar import Nightjar
+
+    _, lat, beng, prompts, ar = setup
+    ch = Nightjar(3, seed=2)
+    ctl = controller_for(ch, [MAX_NEW] * len(prompts), lat)
+    assert type(ctl) is ChooserController
+    res = beng.generate(prompts, MAX_NEW, batch_size=B, controller=ctl)
+    assert [r.output_ids for r in res] == [a.output_ids for a in ar]
+    assert ch.n.sum() == len(res.steps) and (ch.mean[ch.n > 0] > 0).all()
+    assert {s.depth for s in res.steps} <= {1, 2, 3} and len({s.depth for s in res.steps}) > 1   # explores, never off

@@ -347,13 +347,14 @@ def test_serve_eval_table(root, capsys):
 
 
 def test_serve_eval_skips_what_the_logs_cannot_replay(w10_root, root, capsys):
-    """Width-10 logs: no chains, so vLLM's example and SGLang's two rules are skipped, and said so."""
+    """Width-10 logs: no chains, so vLLM's example, SGLang's two rules and Nightjar are skipped, and said so."""
     assert cli(["serve-eval", "--logs", str(w10_root), "--latency", str(root), "--split", "all", "--tune-split", "all",
                 "--batch-sizes", "1,2", "--shapes", "tree", "--target-batches", "1,2", "--requests-per-rate", "2",
                 "--no-oracle", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rep["rows"]][2:] == ["schedule (per B)"]
-    assert len(rep["notes"]) == 5 and all("width-1 logs" in n for n in rep["notes"][1:])
+    assert len(rep["notes"]) == 6 and all("width-1 logs" in n for n in rep["notes"][1:])
+    assert any(n.startswith("Nightjar bandit (authors' fork) skipped") for n in rep["notes"])
     assert rep["notes"][-1].startswith("per-request budget, vLLM adaptive verification and SGLang DSpark skipped")
     # the synthetic profile's prefill lengths start at 128 tokens: the shortest prompt is charged as 128
     assert rep["notes"][0].startswith("prefill: of 6 prompts (122-330 tokens), 1 below (charged as 128 tokens)")

@@ -212,3 +212,11 @@ def test_dspark_cost_table_from_a_profile(tmp_path, capsys):
     with pytest.raises(DataError, match="strictly increasing"):
         D.check_table({**table, "m_probes": [2, 1]})
     assert cli(["cost-table", "--latency", str(tmp_path / "nope"), "--gamma", "3", "--out", str(out)]) != 0
+    # a profile without an overhead term (imported from an engine's step times): b > 0 all the same, the sums kept
+    lat.t_overhead = lambda c, rng=None, batch=1: np.zeros(np.shape(c))
+    table, fit = D.dspark_table(lat, gamma=3, context=256)
+    D.check_table(table)
+    assert table["bias_seconds"] == pytest.approx(0.5 * float(lat.t_verify(1, 256.0, batch=1)))
+    for B in table["bs_probes"]:
+        want = 3 * lat.t_draft(1, 256.0, batch=B) + lat.t_verify(1, 256.0, batch=B)
+        assert float(D.step_time(table, B, 0)) == pytest.approx(float(want), rel=max(fit["max_rel_error"], 1e-9) + 1e-9)
