@@ -160,11 +160,11 @@ def vllm_installed() -> bool:
 def vllm_speculates(schedule_path) -> bool:
     """Whether the schedule, as vLLM can run it (export --best-expressible: each tuned B's best chain), drafts
     at some batch size; if not (AR everywhere, or every shape that beat AR a tree), there is nothing to export."""
-    from simulator.serving import shapes as S
+    from pipeline.decode import step_shape
     from simulator.serving.formats.export import expressible
     from simulator.serving.schedule import Schedule, is_off_everywhere
 
-    return not is_off_everywhere(expressible(Schedule.load(schedule_path), S.is_chain, "vLLM", best=True)[0])
+    return not is_off_everywhere(expressible(Schedule.load(schedule_path), step_shape.is_chain, "vLLM", best=True)[0])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import DataError, DraftGymError
-from simulator import baselines as B
+from simulator import baselines
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import ReplayLogs
 from simulator.logs.read import NO_CANDIDATES
@@ -81,16 +81,16 @@ def grid_part(logs: ReplayLogs, tune: str, lat: LatencyModel, cfg: np.ndarray):
     t = logs.select(tune)
     if not t.n_sequences:
         return None
-    r = B.simulate_static(t, lat, cfg)
+    r = baselines.simulate_static(t, lat, cfg)
     return t.source_index, r["tokens"][:, None] / np.maximum(r["time"], 1e-12), t.dataset
 
 
 def grid_search_parts(parts, cfg: np.ndarray) -> dict:
-    """B.grid_search's answer from grid_part's outputs over chunks of one selection (None: a chunk without
+    """baselines.grid_search's answer from grid_part's outputs over chunks of one selection (None: a chunk without
     tuning sequences), the sequences put back in the logs' order: the in-memory search's figures."""
     got = [g for g in parts if g]
     order = np.argsort(np.concatenate([g[0] for g in got]), kind="stable")
-    return B.best_static(cfg, np.concatenate([g[1] for g in got])[order], np.concatenate([g[2] for g in got])[order])
+    return baselines.best_static(cfg, np.concatenate([g[1] for g in got])[order], np.concatenate([g[2] for g in got])[order])
 
 
 def eval_part(logs: ReplayLogs, plan: Plan) -> dict | None:
@@ -99,11 +99,11 @@ def eval_part(logs: ReplayLogs, plan: Plan) -> dict | None:
     ev = logs.select(plan.split)
     if not ev.n_sequences:
         return None
-    lat, default = plan.latency, B.default_static(ev)
+    lat, default = plan.latency, baselines.default_static(ev)
     runs = {"ar": lambda: autoregressive(ev, lat),
-            "static": lambda: simulate(B.StaticPolicy(*default), ev, lat),
+            "static": lambda: simulate(baselines.StaticPolicy(*default), ev, lat),
             "grid-best": lambda: simulate(PerDatasetStatic(ev, plan.grid_best, plan.grid_best_all), ev, lat),
-            "oracle": lambda: simulate(B.OraclePolicy(ev, lat), ev, lat)}
+            "oracle": lambda: simulate(baselines.OraclePolicy(ev, lat), ev, lat)}
     out = {"results": {name: (ev.source_index, run()) for name, run in runs.items()}, "names": {},
            "ctx": ev.context_len.astype(np.int32), "notes": list(logs.notes), "default": default}
     for spec in plan.policies:
@@ -153,7 +153,7 @@ def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | N
         each = lambda fn, desc, scores=True: (fn(c) for c in src.chunks(budget, desc=desc, scores=scores))
 
     # pass 1: grid-best per dataset, searched on the tuning split
-    cfg = B.static_space(src.sel)                          # every depth, logged width and grid V >= 2
+    cfg = baselines.static_space(src.sel)                          # every depth, logged width and grid V >= 2
     gs = grid_search_parts(each(partial(grid_part, tune=tune, lat=lat, cfg=cfg), "grid search", scores=False), cfg)
     per_ds = {d: v["config"] for d, v in gs["by_dataset"].items() if d != "all"}
     fit_logs = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import DraftGymError
-from simulator import baselines as B
+from simulator import baselines
 from simulator.policies.base import Policy
 from simulator.methods.checkpoint import load_checkpoint
 
@@ -66,15 +66,15 @@ def load_policy(spec: str, logs=None, latency=None, fit_logs=None) -> Policy:
     if name == CHECKPOINT:
         return load_checkpoint(*args)
     if name == "static":
-        return B.StaticPolicy(*args)
+        return baselines.StaticPolicy(*args)
     if name == "ddd":
-        return B.DDDPolicy(threshold=args[0] if args else B.DDDPolicy.threshold, width=width)
+        return baselines.DDDPolicy(threshold=args[0] if args else baselines.DDDPolicy.threshold, width=width)
     if name == "entropy":
-        return B.EntropyStopPolicy(theta=args[0] if args else B.EntropyStopPolicy.theta, width=width)
+        return baselines.EntropyStopPolicy(theta=args[0] if args else baselines.EntropyStopPolicy.theta, width=width)
     if name == "random":
-        return B.RandomShapePolicy(logs, seed=args[0])
+        return baselines.RandomShapePolicy(logs, seed=args[0])
     if latency is None or logs is None:                  # goodput, oracle
         raise DraftGymError(f"{name} needs logs and a latency model")
     if name == "goodput":
-        return B.GoodputPolicy.fit(fit_logs if fit_logs is not None else logs, latency, width=width)
-    return B.OraclePolicy(logs, latency, space=args[0])
+        return baselines.GoodputPolicy.fit(fit_logs if fit_logs is not None else logs, latency, width=width)
+    return baselines.OraclePolicy(logs, latency, space=args[0])

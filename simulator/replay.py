@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline import metrics as M
-from pipeline.decode.controller import pool_size
+from pipeline import metrics
+from pipeline.decode.step_shape import pool_size
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import ReplayLogs
 from simulator.observations.paper import RESPS_ROOT_K
@@ -88,7 +88,7 @@ class SimResult:
             return {"sequences": 0}
         cyc = self.cycles[m].sum()
         return {"sequences": int(m.sum()), "tokens": int(self.tokens[m].sum()), "cycles": int(cyc),
-                "tau": float(M.tau(self.tokens[m].sum(), cyc)),
+                "tau": float(metrics.tau(self.tokens[m].sum(), cyc)),
                 "mean_accepted": float(self.accepted[m].sum() / max(cyc, 1)),
                 "tokens_per_s": float(self.tokens_per_s[m].mean()),
                 "time_s": float(self.time[m].sum()),

@@ -56,7 +56,8 @@ from pipeline.errors import DataError, DraftGymError
 from simulator.latency.diagnostics import prefill_note
 from simulator.serving import arrivals as arr
 from simulator.serving import metrics
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import replayable
 from simulator.serving.load import SwitchPrice, serve
 from simulator.serving.choosers.base import GreedyOracle, ScheduleChooser, StaticChooser
 from simulator.serving.replay import ShapeTable
@@ -64,7 +65,8 @@ from simulator.serving.schedule import Schedule
 from simulator.serving.choosers.nightjar import Nightjar
 from simulator.serving.choosers.sglang_adaptive import SGLangAdaptive, load_config
 from simulator.serving.choosers.sglang_throughput import SGLangThroughput
-from simulator.serving.tune import ServingLogsConfig, load_inputs, profiled_candidates, tune
+from simulator.serving.tune import tune
+from simulator.serving.inputs import ServingLogsConfig, load_inputs, profiled_candidates
 
 
 @dataclass
@@ -150,7 +152,7 @@ def best_static(logs, lat, arrivals, max_batch, shapes) -> tuple[tuple, dict]:
     runs = {s: metrics.summarize(serve(logs, lat, table, StaticChooser(s), arrivals, max_batch))["tokens_per_s"]
             for s in shapes}
     best = max(runs, key=runs.get)
-    return best, {S.label(s): v for s, v in runs.items()}
+    return best, {step_shape.label(s): v for s, v in runs.items()}
 
 
 def learned_choosers(specs, logs, max_batch: int) -> list:
@@ -162,7 +164,7 @@ def learned_choosers(specs, logs, max_batch: int) -> list:
     out = []
     for spec in specs:
         ch = LearnedChooser(load_policy(spec))
-        missing = [S.label(s) for s in ch.shapes() if not S.replayable(logs, s)]
+        missing = [step_shape.label(s) for s in ch.shapes() if not replayable(logs, s)]
         if missing:
             raise DataError(f"--policy {spec}: the logs cannot replay its shapes {', '.join(missing)}")
         if ch.spec.max_batch < max_batch:
@@ -190,9 +192,9 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
         sched = tune(tune_logs, lat, parse_positive_ints(cfg.batch_sizes, "--batch-sizes"), cands,
                      split=cfg.tune_split)["schedule"]
     notes = [n for n in (lat.meta.get("what_if"), cand_note, prefill_note(lat, logs.prompt_len)) if n]
-    static_pool = list(dict.fromkeys([S.OFF, *[s for s in cands if S.is_chain(s)], *sched.shapes()]))
+    static_pool = list(dict.fromkeys([step_shape.OFF, *[s for s in cands if step_shape.is_chain(s)], *sched.shapes()]))
     best, static_runs = best_static(tune_logs, lat, arrivals, max_batch, static_pool)
-    methods = [StaticChooser(S.OFF, "AR"), StaticChooser(best, f"best static ({S.label(best)})"),
+    methods = [StaticChooser(step_shape.OFF, "AR"), StaticChooser(best, f"best static ({step_shape.label(best)})"),
                ScheduleChooser(sched, "schedule (per B)")]
     sg_cfg = load_config(cfg.sglang_config) if cfg.sglang_config else None
     rules = [ScheduleChooser(Schedule.vllm_eagle3_example(), "vLLM EAGLE-3 example"),
@@ -200,7 +202,7 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
              SGLangThroughput(initial_steps=cfg.sglang_initial_steps)]
     rules += [Nightjar(cfg.nightjar_k, seed=cfg.seed)] if cfg.nightjar_k else []
     for m in rules:
-        missing = [S.label(s) for s in m.shapes() if not S.replayable(logs, s)]
+        missing = [step_shape.label(s) for s in m.shapes() if not replayable(logs, s)]
         if missing:
             notes.append(f"{m.name} skipped: the logs cannot replay {', '.join(missing)} (chains need width-1 logs "
                          f"deep enough: collect with --widths 1,10)")
@@ -248,7 +250,7 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
     if "rates" in load and not cfg.rates:
         notes += short_segments(parse_positive_ints(cfg.target_batches, "--target-batches"), rows[0]["mean_batch_by_rate"])
     return {"rows": rows, "load": load, "max_batch": max_batch, "tpot_target_s": target, "schedule": sched.to_json()["ranges"],
-            "best_static": S.label(best), "static_on_tune_split": static_runs, "notes": notes,
+            "best_static": step_shape.label(best), "static_on_tune_split": static_runs, "notes": notes,
             "split": cfg.split, "tune_split": cfg.tune_split, "latency_profile": lat.meta.get("profile_id"),
             "switch_price": {"switch_ms": cfg.switch_ms, "off_factor": cfg.off_factor},
             "engine": cfg.engine, "batch_context": lat.batch_context}

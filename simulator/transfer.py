@@ -160,7 +160,7 @@ def cross_table(logs, logs_root: str, policy_dirs: dict, specs: list[str], laten
                 split: str = "test") -> dict:
     """Replay each policy under each profile on `split` of `logs` (`load_transfer_logs`, from
     `logs_root`); grid-best picked on val under that profile."""
-    from simulator import baselines as B
+    from simulator import baselines
     from simulator.methods.checkpoint import load_checkpoint
     from simulator.replay import autoregressive, simulate
 
@@ -169,12 +169,12 @@ def cross_table(logs, logs_root: str, policy_dirs: dict, specs: list[str], laten
     cells, ref = {}, {}
     for q in specs:
         lat = _latency(latency_root or logs_root, logs.model, q)
-        best = B.grid_search(tune, lat)["by_dataset"]["all"]["config"]
+        best = baselines.grid_search(tune, lat)["by_dataset"]["all"]["config"]
         tps = lambda pol: simulate(pol, test, lat).summary()["tokens_per_s"]
         ref[q] = {"profile_id": lat.meta.get("profile_id"), "device": lat.meta.get("device"),
-                  "grid_best": list(best), "grid_best_tokens_per_s": tps(B.StaticPolicy(*best)),
+                  "grid_best": list(best), "grid_best_tokens_per_s": tps(baselines.StaticPolicy(*best)),
                   "ar_tokens_per_s": autoregressive(test, lat).summary()["tokens_per_s"],
-                  "oracle_tokens_per_s": tps(B.OraclePolicy(test, lat))}
+                  "oracle_tokens_per_s": tps(baselines.OraclePolicy(test, lat))}
         for p, d in policy_dirs.items():
             v = tps(load_checkpoint(d))
             cells[f"{p}|{q}"] = {"trained_on": p, "evaluated_on": q, "tokens_per_s": v,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.logs.schema import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID
-from simulator.observations import paper as O
+from simulator.observations import paper
 
 
 def replay_static(acceptance: np.ndarray, new_tokens: int, depth: int, verify_size: int,
@@ -23,13 +23,13 @@ def replay_static(acceptance: np.ndarray, new_tokens: int, depth: int, verify_si
 
 def ltd_depth_obs_from_step(step) -> np.ndarray:
     """One LTD depth observation from a `pipeline.decode.tree.DraftStep` (what the engine's depth hook receives)."""
-    return O.ltd_depth_obs(O.to_numpy(step.candidate_scores), step.depth, step.context_len, step.width)
+    return paper.ltd_depth_obs(paper.to_numpy(step.candidate_scores), step.depth, step.context_len, step.width)
 
 
 def resps_obs_from_record(last, prev_root_scores, context_len: int, max_depth: int = DEFAULT_MAX_DEPTH) -> np.ndarray:
     """One Re-SpS observation from a row's previous cycle (a CycleRecord or None) and the
     depth-1 scores kept from the previous `verify_size(pool, ...)` call (pool.scores[0, :W])."""
     if last is None:
-        return O.resps_obs(np.zeros(O.RESPS_ROOT_K), 0, 0, 0, 0, 0, context_len, 0, max_depth)
-    return O.resps_obs(O.to_numpy(prev_root_scores), last.accepted, last.depth, last.verify_size, last.width,
+        return paper.resps_obs(np.zeros(paper.RESPS_ROOT_K), 0, 0, 0, 0, 0, context_len, 0, max_depth)
+    return paper.resps_obs(paper.to_numpy(prev_root_scores), last.accepted, last.depth, last.verify_size, last.width,
                        last.emitted, context_len, 1, max_depth)

@@ -3,6 +3,7 @@ module imports itself back through others (no import circle, lazy function-level
 a lazy import that closes a circle is still a circle, only one that happens to be resolved late).
 Reads the sources with `ast`; imports nothing."""
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,3 +146,73 @@ def test_the_size_check_can_fail(tmp_path):
         (tmp_path / "pipeline" / "x" / f"m{i}.py").write_text("")
     (tmp_path / "pipeline" / "long.py").write_text("\n" * (MAX_LINES + 1))
     assert _oversized(tmp_path) == ["pipeline/long.py: 401 lines", "pipeline/x/: 13 modules"]
+
+
+# -- one home for the step shape; real module names ---------------------------------------------------
+
+SHAPE_HOME = "pipeline/decode/step_shape.py"
+SHAPE_NAMES = {"StepShape", "pool_size", "canonical", "chain_k", "is_chain", "CHAIN_KS"}
+# "W + (D - 1) * W * W" however spelled: "+ (<depth> - 1) * <width> * <width>" or "... * <width> ** 2"
+POOL_FORMULA = re.compile(r"\+ \((?:int\()?[\w.\[\]]+\)? - 1\) \* [\w.\[\]]+ (?:\* [\w.\[\]]+|\*\* 2)")
+
+
+def _shape_definitions(files) -> dict[str, list[str]]:
+    """{name: files defining it} for the step shape's names (a def, a class or a module-level assignment)."""
+    out = {}
+    for f in files:
+        for node in ast.parse(f.read_text(), str(f)).body:
+            names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+                [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            for n in names:
+                if n in SHAPE_NAMES:
+                    out.setdefault(n, []).append(str(f.relative_to(ROOT)))
+    return out
+
+
+def test_the_step_shape_has_one_home():
+    """StepShape, the pool size and the shape helpers are defined once, in pipeline/decode/step_shape.py,
+    and the pool's formula W + (D - 1) W^2 is written nowhere else in code."""
+    files = [f for p in PACKAGES for f in (ROOT / p).rglob("*.py")]
+    defs = _shape_definitions(files)
+    assert defs == {n: [SHAPE_HOME] for n in SHAPE_NAMES}, defs
+    formula = []
+    for f in files:
+        if str(f.relative_to(ROOT)) == SHAPE_HOME:
+            continue
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            if POOL_FORMULA.search(line.split("#")[0]):
+                formula.append(f"{f.relative_to(ROOT)}:{i}")
+    assert not formula, formula
+
+
+def _one_letter_aliases(files) -> list[str]:
+    """`import x.y as Z` / `from x import y as Z` with a one-letter alias; torch.nn.functional
+    as F is PyTorch's own convention and allowed."""
+    out = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    full = f"{getattr(node, 'module', None) or ''}.{a.name}".strip(".")
+                    if a.asname and len(a.asname) == 1 and full != "torch.nn.functional":
+                        out.append(f"{f.relative_to(ROOT)}: {full} as {a.asname}")
+    return out
+
+
+def test_modules_are_imported_by_their_names():
+    files = [f for p in (*PACKAGES, "tests") for f in (ROOT / p).rglob("*.py")]
+    assert not _one_letter_aliases(files), _one_letter_aliases(files)
+
+
+def test_the_shape_and_alias_checks_can_fail(tmp_path):
+    (tmp_path / "a.py").write_text("from simulator.serving import shapes as S\nimport torch.nn.functional as F\n")
+    (tmp_path / "b.py").write_text("def pool_size(d, w):\n    return d\n")
+    global ROOT
+    root, ROOT = ROOT, tmp_path
+    try:
+        assert _one_letter_aliases([tmp_path / "a.py"]) == ["a.py: simulator.serving.shapes as S"]
+        assert _shape_definitions([tmp_path / "b.py"]) == {"pool_size": ["b.py"]}
+        assert POOL_FORMULA.search("n = w + (d - 1) * w * w") and POOL_FORMULA.search("W + (int(depth) - 1) * W ** 2")
+        assert not POOL_FORMULA.search("KVBuffer(kv, B, (max_depth - 1) * W)")
+    finally:
+        ROOT = root

@@ -23,7 +23,8 @@ MODES = ("global", "thread_local", "relaxed")
 def one(target: str) -> dict:
     from online.gpu_check.run import CheckConfig, build_head, build_target
     from pipeline.decode.batch.engine import BatchEngine
-    from pipeline.decode.controller import StaticController, StepShape
+    from pipeline.decode.controller import StaticController
+    from pipeline.decode.step_shape import StepShape
 
     cfg = CheckConfig(out="/tmp/probe", target=target, dtype="bfloat16")
     model = build_target(cfg)

@@ -15,7 +15,8 @@ import torch
 from pipeline.datasets import load_prompts
 from pipeline.decode.batch.engine import BatchEngine
 from pipeline.decode.batch.kv import BatchSlotKV
-from pipeline.decode.controller import StaticController, StepShape
+from pipeline.decode.controller import StaticController
+from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import load_head_for
 from pipeline.models.target import encode_prompt, load_target
 from pipeline.runtime.fingerprint import cpu_model

@@ -21,13 +21,16 @@ import numpy as np
 
 from simulator.policy_specs import load_policy
 from simulator.serve_eval import learned_choosers
-from simulator.serving import arrivals as arr, metrics, shapes as S
+from pipeline.decode import step_shape
+from simulator.serving import arrivals as arr, metrics
+from simulator.serving.inputs import candidates
 from simulator.serving.choosers.base import GreedyOracle, ScheduleChooser, StaticChooser
 from simulator.serving.env import LoadEnv, LoadEnvConfig
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
-from simulator.serving.tune import TuneConfig, load_inputs, tune
+from simulator.serving.tune import TuneConfig, tune
+from simulator.serving.inputs import load_inputs
 
 M, TB = 16, (1, 2, 4, 8, 16, 32)
 
@@ -40,14 +43,14 @@ def main(argv=None) -> None:
     root, pols = a.logs, a.policies
     test, lat = load_inputs(TuneConfig(logs=root), "test")
     val, _ = load_inputs(TuneConfig(logs=root), "val")
-    cands = S.candidates(val, "all")
+    cands = candidates(val, "all")
     sched = tune(val, lat, (1, 2, 4, 8, 16), cands)["schedule"]
     print("schedule (tuned on val):", sched.table())
     rates = arr.rates_for_logs(TB, test, lat)
     rows = {}
     for r in rates:
         t = arr.poisson(r, 96, seed=0)
-        methods = ([StaticChooser(S.OFF, "AR"), ScheduleChooser(sched, "schedule")] + learned_choosers(pols, test, M)
+        methods = ([StaticChooser(step_shape.OFF, "AR"), ScheduleChooser(sched, "schedule")] + learned_choosers(pols, test, M)
                    + [GreedyOracle()])
         table = ShapeTable(test, list(dict.fromkeys([*cands, *sched.shapes(), *(s for m in methods for s in m.shapes())])))
         for m in methods:
@@ -60,9 +63,9 @@ def main(argv=None) -> None:
 
     # 2. headroom per decision, with the first policy
     pol = load_policy(pols[0])
-    shapes = [S.parse(s) for s in pol.shapes]
+    shapes = [step_shape.parse(s) for s in pol.shapes]
     with open(f"{pols[0]}/training.json") as f:
-        train_sched = Schedule([(lo, hi, S.parse(s)) for lo, hi, s in json.load(f)["schedule_on_train"]])
+        train_sched = Schedule([(lo, hi, step_shape.parse(s)) for lo, hi, s in json.load(f)["schedule_on_train"]])
     env = LoadEnv(test, lat, shapes, LoadEnvConfig(n_envs=32, max_batch=M, hold=pol.hold, target_batches=TB,
                                                    confidence_depth=pol.obs_spec["confidence_depth"], seed=5))
     o, _ = env.reset(seed=5)

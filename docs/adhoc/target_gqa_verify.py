@@ -10,7 +10,7 @@ import argparse
 import statistics
 import time
 
-from pipeline.models import attention as A
+from pipeline.models import attention
 from pipeline.models.target import load_target
 from pipeline.profiling.timed_ops import verify_op
 from pipeline.runtime.fingerprint import cpu_model
@@ -22,12 +22,12 @@ def main(argv=None) -> None:
     t = load_target(dtype=ap.parse_args(argv).dtype)
     dt = next(t.model.parameters()).dtype
     print(cpu_model(), dt)
-    print(f"{'B':>3} {'c':>5} {'V':>3} {'sdpa ms':>9} {A.NAME + ' ms':>18} {'ratio':>6}")
+    print(f"{'B':>3} {'c':>5} {'V':>3} {'sdpa ms':>9} {attention.NAME + ' ms':>18} {'ratio':>6}")
     for B, c in [(1, 2048), (4, 512), (16, 256), (16, 2048)]:
         for V in (1, 2, 4, 10):
             runs = {}
-            for impl in ("sdpa", A.NAME):
-                t.model.set_attn_implementation(impl if impl == "sdpa" else A.register())
+            for impl in ("sdpa", attention.NAME):
+                t.model.set_attn_implementation(impl if impl == "sdpa" else attention.register())
                 runs[impl] = verify_op(t.model, V, c, head=None, batch=B)
                 runs[impl]()
             ts = {k: [] for k in runs}
@@ -38,7 +38,7 @@ def main(argv=None) -> None:
                     run()
                     ts[impl].append(time.perf_counter() - t0)
             med = {k: statistics.median(v) * 1e3 for k, v in ts.items()}
-            print(f"{B:>3} {c:>5} {V:>3} {med['sdpa']:>9.1f} {med[A.NAME]:>18.1f} {med['sdpa'] / med[A.NAME]:>6.2f}", flush=True)
+            print(f"{B:>3} {c:>5} {V:>3} {med['sdpa']:>9.1f} {med[attention.NAME]:>18.1f} {med['sdpa'] / med[attention.NAME]:>6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ import time
 
 from simulator.latency.model import LatencyModel
 from simulator.logs.stream import LogSource, pack_groups
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import candidates
 from simulator.serving.tune import tune_part
 
 
@@ -29,7 +30,7 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     chunk = src.read(pack, False)
     t1 = time.perf_counter()
-    part = tune_part(chunk, lat, [1, 4, 16, 64], S.candidates(chunk, "tree"))
+    part = tune_part(chunk, lat, [1, 4, 16, 64], candidates(chunk, "tree"))
     t2 = time.perf_counter()
     res = {"positions": int(chunk.n_positions), "sequences": part["sequences"], "read_s": round(t1 - t0, 1),
            "replay_s": round(t2 - t1, 1),

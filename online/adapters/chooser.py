@@ -41,11 +41,13 @@ import time
 
 import numpy as np
 
-from pipeline.decode.controller import Controller, StepContext, StepRecord, StepShape
+from pipeline.decode.controller import Controller, StepContext, StepRecord
+
+from pipeline.decode.step_shape import StepShape
 from pipeline.errors import DraftGymError
 from simulator.serving.choosers.base import Chooser, GreedyOracle, RowChooser, StepView
 from simulator.serving.choosers.learned import LearnedChooser
-from simulator.serving.shapes import canonical, label
+from pipeline.decode.step_shape import canonical, label
 
 
 class ShapeIndex:

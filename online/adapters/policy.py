@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.decode.controller import Controller, StepShape
+from pipeline.decode.controller import Controller
+
+from pipeline.decode.step_shape import StepShape
 from pipeline.errors import DraftGymError
 from pipeline.logs.schema import DEFAULT_MAX_DEPTH
 from simulator.observations import paper as obs

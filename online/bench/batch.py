@@ -78,7 +78,8 @@ def select_prompts(args, tokenizer) -> list[tuple[str, list[int]]]:
 # ---------------------------------------------------------------------------------- one generation
 
 def run_method(engine, name: str, shape, prompts, max_new: int, B: int):
-    from pipeline.decode.controller import StaticController, StepShape
+    from pipeline.decode.controller import StaticController
+    from pipeline.decode.step_shape import StepShape
 
     if name == AR:
         return engine.generate_ar(prompts, max_new, batch_size=B)

@@ -223,7 +223,8 @@ def spec_batch_steps(model, head, cfg, deadline: float, prompt) -> dict:
     shape, replayed from CUDA graphs and eager where the device has graphs (module docstring)."""
     try:
         from pipeline.decode.batch.engine import BatchEngine
-        from pipeline.decode.controller import StaticController, StepShape
+        from pipeline.decode.controller import StaticController
+        from pipeline.decode.step_shape import StepShape
     except ImportError as e:
         return {"status": "skipped", "reason": f"no batched engine in this checkout ({e})"}
     graphed = BatchEngine(model, head)

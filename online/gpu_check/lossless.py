@@ -64,7 +64,8 @@ def check_lossless(cfg, deadline: float, model, head) -> dict:
 def check_lossless_batched(cfg, deadline: float, model, head) -> dict:
     """The batched engine at each B (module docstring): one row per (B, shape)."""
     from pipeline.decode.batch.engine import BatchEngine
-    from pipeline.decode.controller import StaticController, StepShape
+    from pipeline.decode.controller import StaticController
+    from pipeline.decode.step_shape import StepShape
 
     eng = BatchEngine(model, head)
     g = torch.Generator().manual_seed(1)

@@ -128,7 +128,7 @@ def run_validate_step(cfg, work: Path, out: Path, tiny_shape: dict) -> dict:
     """`draftgym validate` with the check's settings (a CheckConfig); its report.md and PNGs copied to `out`."""
     from online.validate.common import ValidateConfig
     from online.validate.batch1 import run_validate
-    from pipeline.decode.controller import EAGLE3_DEFAULT_SHAPE
+    from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
 
     model, head, why = smollm2_or_tiny(cfg, work, tiny_shape)
     if why:

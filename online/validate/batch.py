@@ -47,14 +47,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import metrics as PM
+from pipeline import metrics as pipeline_metrics
 from online.validate.common import ValidateConfig, check_config, load_prompt_sets, load_replay, print_report
 from online.validate.batch_report import write_batch_markdown
 from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
 from pipeline.logs.schema import write_batch_steps
 from pipeline.runtime.atomic import atomic_write_json
-from simulator.serving import metrics as M
+from simulator.serving import metrics
 
 AR = "ar"
 SCHEDULE = "schedule"
@@ -73,7 +73,8 @@ class Method:
         return None if self.name == AR else self.controller
 
     def controller(self):
-        from pipeline.decode.controller import ScheduleController, StaticController, StepShape
+        from pipeline.decode.controller import ScheduleController, StaticController
+        from pipeline.decode.step_shape import StepShape
 
         if self.schedule is None:
             return StaticController(StepShape(*self.shape))
@@ -87,17 +88,17 @@ class Method:
 
 def batch_methods(cfg: ValidateConfig) -> list[Method]:
     """AR, the --shapes in order, then the --schedule (one-line errors for bad spellings)."""
-    from simulator.serving import shapes as S
+    from pipeline.decode import step_shape
     from simulator.serving.schedule import Schedule
 
-    out = [Method(AR, S.OFF)]
+    out = [Method(AR, step_shape.OFF)]
     for spec in cfg.shapes:
-        s = S.parse(spec)
-        if s == S.OFF:
+        s = step_shape.parse(spec)
+        if s == step_shape.OFF:
             raise DraftGymError("--shapes: 'off' is the AR method, which always runs")
-        if S.label(s) in [m.name for m in out]:
-            raise DraftGymError(f"--shapes: {S.label(s)} given twice")
-        out.append(Method(S.label(s), s))
+        if step_shape.label(s) in [m.name for m in out]:
+            raise DraftGymError(f"--shapes: {step_shape.label(s)} given twice")
+        out.append(Method(step_shape.label(s), s))
     if cfg.schedule:
         out.append(Method(SCHEDULE, schedule=Schedule.load(cfg.schedule)))
     return out
@@ -163,7 +164,7 @@ def generation_figures(res) -> dict:
     drafted = sum(s.batch_size * (s.verify_size - 1) for s in res.steps)
     emitted = sum(s.emitted_sum for s in res.steps)
     return {"tokens_per_s": res.tokens_per_s, "per_request": per_request_tokens_per_s(res),
-            "tau": float(M.tau(emitted, row_steps)), "drafts_per_step": float(M.drafts_per_step(drafted, row_steps)),
+            "tau": float(metrics.tau(emitted, row_steps)), "drafts_per_step": float(metrics.drafts_per_step(drafted, row_steps)),
             "held": held_window(res), "new_tokens": res.new_tokens, "wall_s": res.wall_s, "steps": len(res.steps)}
 
 
@@ -239,7 +240,7 @@ def summarize_cells(cells: dict, methods: list[Method], recs) -> dict:
                  "drafts_per_step": statistics.mean(f["drafts_per_step"] for f in c.figures),
                  "held_batch": c.figures[0]["held"]["batch"],
                  "held_decode_tokens_per_s": held_tok / held_s if held_s > 0 else None,
-                 "held_tau": float(M.tau(held_tok, held_rs)) if held_rs else None,
+                 "held_tau": float(metrics.tau(held_tok, held_rs)) if held_rs else None,
                  "new_tokens": sum(f["new_tokens"] for f in c.figures), "requests": queue_length(len(recs), B)}
             if c.verdicts:
                 summ = summarize_verdicts([v for *_, v in c.verdicts])
@@ -249,12 +250,12 @@ def summarize_cells(cells: dict, methods: list[Method], recs) -> dict:
             out[str(B)][m.name] = s
         ar = out[str(B)][AR]["tokens_per_s"]
         for s in out[str(B)].values():
-            s["speedup_vs_ar"] = PM.speedup(s["tokens_per_s"], ar)
+            s["speedup_vs_ar"] = pipeline_metrics.speedup(s["tokens_per_s"], ar)
     return out
 
 
 def _label(shape) -> str:
-    from simulator.serving.shapes import label
+    from pipeline.decode.step_shape import label
 
     return label(shape)
 
@@ -272,7 +273,8 @@ def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Met
     sim_vs_real.py step_cost: the clock's share of the error); returns the notes of what could not
     be replayed."""
     from online.validate.sim_vs_real import step_cost
-    from simulator.serving import shapes as S
+    from pipeline.decode import step_shape
+    from simulator.serving.inputs import lookup_verify
     from simulator.serving.replay import ShapeTable, closed_batch
 
     ids = [r.prompt_id for r in recs]
@@ -288,8 +290,8 @@ def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Met
         ok = {}
         for m in methods:
             try:
-                S.lookup_verify(ev, m.shape_at(B))
-                ok[m.name] = S.canonical(m.shape_at(B))
+                lookup_verify(ev, m.shape_at(B))
+                ok[m.name] = step_shape.canonical(m.shape_at(B))
             except DataError as e:
                 notes["not_replayable"][f"{m.name} at B = {B}"] = str(e)
         shapes = list(dict.fromkeys(ok.values()))
@@ -307,10 +309,10 @@ def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Met
                 sim = float(res["tokens_per_s"][shapes.index(s)])
                 real = row["held_decode_tokens_per_s"]
                 row["replayed_tokens_per_s" + suffix] = sim
-                row["replay_rel_error" + suffix] = PM.rel_error(sim, real)
+                row["replay_rel_error" + suffix] = pipeline_metrics.rel_error(sim, real)
                 if row.get("held_tau"):
                     tau = float(res["tau"][shapes.index(s)])
-                    row["replayed_tau"], row["replay_tau_rel_error"] = tau, PM.rel_error(tau, row["held_tau"])
+                    row["replayed_tau"], row["replay_tau_rel_error"] = tau, pipeline_metrics.rel_error(tau, row["held_tau"])
     return notes
 
 
@@ -322,7 +324,7 @@ def interleave_slices(cfg: ValidateConfig, methods: list[Method], engine, tokeni
     if not cfg.profile_interleave:
         return None
     from online.validate.interleave import BatchProfileSlices, slice_contexts
-    from simulator.serving.shapes import canonical
+    from pipeline.decode.step_shape import canonical
 
     shapes_at = {B: sorted({canonical(m.shape_at(B)) for m in methods}) for B in cfg.batch_sizes}
     contexts = slice_contexts([p for ps in encoded.values() for p in ps], cfg.max_new_tokens,

@@ -37,7 +37,8 @@ from online.validate.speedbench import run_methods, summarize
 from online.validate.sim_vs_real import decode_tokens_per_s, sim_vs_real
 from online.validate.common import ValidateConfig, check_config, load_acceptance_logs, load_prompt_sets, print_report
 from online.validate.report import write_markdown
-from pipeline.decode.controller import EAGLE3_DEFAULT_SHAPE, StaticController
+from pipeline.decode.controller import StaticController
+from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
 from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DraftGymError
 from pipeline.logs.schema import CYCLES, SCHEMA_VERSION, partition_dir, write_atomic
@@ -181,7 +182,7 @@ def simulator_side(cfg: ValidateConfig, logs, source, note, engine, tokenizer, d
     recorded in `report`) and the grid-best configs it picks on the tune split (streamed over `source`, a
     LogSource, when the logs did not fit: then `logs` is a window)."""
     from pipeline.datasets import resolve_split
-    from simulator import baselines as B
+    from simulator import baselines
     from simulator.evaluate import grid_part, grid_search_parts, pick_tune_split
     from simulator.latency.model import LatencyModel
 
@@ -197,9 +198,9 @@ def simulator_side(cfg: ValidateConfig, logs, source, note, engine, tokenizer, d
     tune = pick_tune_split(logs.split if source is None else source.sel.splits,
                            resolve_split(cfg.datasets[0], cfg.split) or "test", "auto")
     if source is None:
-        gs = B.grid_search(logs.select(tune), lat)
+        gs = baselines.grid_search(logs.select(tune), lat)
     else:
-        space, budget = B.static_space(source.sel), cfg.max_positions_in_memory
+        space, budget = baselines.static_space(source.sel), cfg.max_positions_in_memory
         gs = grid_search_parts((grid_part(c, tune, lat, space) for c in source.chunks(budget, "grid search", scores=False)),
                                space)
     grid = {d: tuple(v["config"]) for d, v in gs["by_dataset"].items()}

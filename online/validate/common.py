@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.decode.controller import EAGLE3_DEFAULT_SHAPE
+from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
 from pipeline.errors import DataError, DraftGymError
 from simulator.logs.stream import DEFAULT_MAX_POSITIONS
 
@@ -41,7 +41,7 @@ class ValidateConfig:
     batch_sizes: tuple = ()              # () = the batch-1 validation above; (1, 4, 16): every method at each B
                                          # with the batched engine (online/validate/batch.py)
     shapes: tuple = ("tree:8,10,60", "chain:2", "chain:4")   # batch_sizes: the static shapes (besides AR),
-                                         # spelled off | chain:K | tree:D,W,V (simulator/serving/shapes.py)
+                                         # spelled off | chain:K | tree:D,W,V (pipeline/decode/step_shape.py)
     schedule: str | None = None          # batch_sizes: a schedule JSON written by `draftgym tune`, run as one method
     load_trace: str | None = None        # a file of arrival times: serve it on the device and in replay
                                          # (online/validate/load.py) instead of the runs above

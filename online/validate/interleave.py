@@ -35,7 +35,7 @@ from pipeline.profiling.steps import grid_shapes, rows_of, step_samples
 def slice_grid(shapes) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(widths, verify sizes) of the profile grid that holds the canonical shapes (D, W, V) run at one B:
     width 1 and V = 1 (the AR step) always; each shape's V clamped to its pool (the engine's V_eff)."""
-    from pipeline.decode.controller import StepShape
+    from pipeline.decode.step_shape import StepShape
 
     widths, sizes = {1}, {1}
     for s in map(StepShape.of, shapes):

@@ -62,10 +62,10 @@ from online.validate.common import ValidateConfig, check_config, load_prompt_set
 from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
 from pipeline.runtime.atomic import atomic_write_json, atomic_write_text
-from pipeline import metrics as PM
+from pipeline import metrics as pipeline_metrics
 from simulator.latency.diagnostics import prefill_note
-from simulator.serving import metrics as M
-from simulator.serving import shapes as S
+from simulator.serving import metrics
+from pipeline.decode import step_shape
 from simulator.serving.arrivals import read_trace
 from simulator.serving.choosers.base import RowChooser, ScheduleChooser, StaticChooser
 from simulator.serving.load import ServingResult, serve
@@ -104,10 +104,10 @@ def learned_methods(cfg: ValidateConfig) -> list:
 
 def load_methods(cfg: ValidateConfig) -> list:
     """The choosers, AR first, each --policy last (module docstring); one-line errors for bad spellings."""
-    out = [StaticChooser(S.OFF, "AR")]
+    out = [StaticChooser(step_shape.OFF, "AR")]
     for spec in cfg.shapes:
-        s = S.parse(spec)
-        if s == S.OFF:
+        s = step_shape.parse(spec)
+        if s == step_shape.OFF:
             raise DraftGymError("--shapes: 'off' is the AR method, which always runs")
         out.append(StaticChooser(s))
     if cfg.schedule:
@@ -151,7 +151,7 @@ def device_result(res, name: str) -> ServingResult:
     """A BatchResult served under arrivals as the replay's ServingResult (tokens: decode-step tokens,
     as the replay counts them; the first token of each request comes from its prefill)."""
     steps = res.steps
-    shapes = list(dict.fromkeys(S.canonical((s.depth, s.width, s.verify_size)) for s in steps))
+    shapes = list(dict.fromkeys(step_shape.canonical((s.depth, s.width, s.verify_size)) for s in steps))
     a = lambda f, dt: np.array([f(s) for s in steps], dt)
     rows = res.rows
     return ServingResult(
@@ -162,16 +162,16 @@ def device_result(res, name: str) -> ServingResult:
         cycles=np.array([len(r.cycles) for r in rows], np.int64),
         step_start=np.zeros(len(steps)), step_time=a(lambda s: s.t_step, np.float64),
         step_batch=a(lambda s: s.batch_size, np.int64),
-        step_shape=a(lambda s: shapes.index(S.canonical((s.depth, s.width, s.verify_size))), np.int64),
+        step_shape=a(lambda s: shapes.index(step_shape.canonical((s.depth, s.width, s.verify_size))), np.int64),
         step_emitted=a(lambda s: s.emitted_sum, np.int64),
         step_drafted=a(lambda s: s.batch_size * (s.verify_size - 1), np.int64), step_queued=a(lambda s: s.queued, np.int64))
 
 
 def device_figures(res, name: str) -> dict:
-    """One served trace's figures: the replay's (M.summarize of device_result) and the device's own:
+    """One served trace's figures: the replay's (metrics.summarize of device_result) and the device's own:
     its wall rate, prefill share and the idle waits its clock skipped."""
     wall = res.wall_s                          # the call's wall, idle waits skipped
-    return {**M.summarize(device_result(res, name)), "wall_tokens_per_s": res.new_tokens / wall if wall > 0 else 0.0,
+    return {**metrics.summarize(device_result(res, name)), "wall_tokens_per_s": res.new_tokens / wall if wall > 0 else 0.0,
             "prefill_share": res.prefill_s / wall if wall > 0 else 0.0, "idle_skipped_s": res.idle_s,
             "graph_captures": res.captures}
 
@@ -191,7 +191,7 @@ def request_plan(cfg: ValidateConfig, recs, logs, n_requests: int):
 
 
 def replay(logs, lat, chooser, arrivals, max_batch: int, seq) -> ServingResult:
-    table = ShapeTable(logs, chooser.shapes() or [S.OFF])
+    table = ShapeTable(logs, chooser.shapes() or [step_shape.OFF])
     return serve(logs, lat, table, chooser, arrivals, max_batch, request_seq=seq)
 
 
@@ -201,7 +201,7 @@ def replay_side(logs, lat, methods, arrivals, max_batch: int, seq, rows: list[di
     sims = {}
     for m, row in zip(methods, rows):
         try:
-            sims[m.name] = M.summarize(replay(logs, lat, m, arrivals, max_batch, seq))
+            sims[m.name] = metrics.summarize(replay(logs, lat, m, arrivals, max_batch, seq))
         except DataError as e:
             row["replay_note"] = str(e)
     ar = sims.get("AR")
@@ -211,7 +211,7 @@ def replay_side(logs, lat, methods, arrivals, max_batch: int, seq, rows: list[di
             continue
         s["x_ar"] = s["tokens_per_s"] / ar["tokens_per_s"] if ar else None
         row["replay"] = {k: s[k] for k in (*FIGURES, "max_batch")}
-        row["replay_rel_error"] = {k: PM.rel_error(s[k], row[k]) if s[k] is not None else None
+        row["replay_rel_error"] = {k: pipeline_metrics.rel_error(s[k], row[k]) if s[k] is not None else None
                                    for k in ("tokens_per_s", "x_ar", "tau", "mean_batch", "tpot_mean_s")}
         r, c = row["replay_rel_error"]["tokens_per_s"], row.get("cost_rel_error")
         row["path_rel_error"] = (1 + r) * (1 + c) - 1 if r is not None and c is not None else None
@@ -265,7 +265,7 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
                             arrivals=[float(a) for a in arrivals], max_new=max_new)]
     if lat is None:                              # per-request budgets price their steps with the profile
         methods = [m for m in methods if not isinstance(m, RowChooser)]
-    factories = {m.name: None if m.shapes() == [S.OFF] else (lambda m=m: controller_for(m, max_new, lat))
+    factories = {m.name: None if m.shapes() == [step_shape.OFF] else (lambda m=m: controller_for(m, max_new, lat))
                  for m in methods}
     # with CUDA graphs the whole trace is served once per method untimed first, as a server captures its
     # graphs before it serves (the replay prices warm steps); the timed runs' captures are in the report

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import metrics as M
+from pipeline import metrics
 from pipeline.collect.actor import GROUP_PROMPTS, GROUP_TOKENS, write_prompt_log
 from pipeline.collect.prompt import CollectConfig, PromptLog, collect_prompts, generate_past_eos
 from pipeline.decode.batch.prefill import length_groups
@@ -72,11 +72,11 @@ class Reanchored:
         if ev.n_sequences == 0:
             return {"note": "no re-anchored sequence to replay (every text was <= 1 token)"}
         res = simulate(pol, ev, clock)
-        sim_tau = float(M.tau(res.tokens.sum(), res.cycles.sum()))
+        sim_tau = float(metrics.tau(res.tokens.sum(), res.cycles.sum()))
         sim_dec = float(np.mean(res.tokens_per_s))
         real = float(np.mean(real_dec))
-        return {"sim_tau": sim_tau, "tau_rel_error": M.rel_error(sim_tau, real_tau),
-                "sim_decode_tokens_per_s": sim_dec, "tokens_per_s_rel_error": M.rel_error(sim_dec, real),
+        return {"sim_tau": sim_tau, "tau_rel_error": metrics.rel_error(sim_tau, real_tau),
+                "sim_decode_tokens_per_s": sim_dec, "tokens_per_s_rel_error": metrics.rel_error(sim_dec, real),
                 "sequences": int(ev.n_sequences)}
 
 

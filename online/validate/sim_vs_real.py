@@ -8,8 +8,8 @@ import statistics
 
 import numpy as np
 
-from pipeline import metrics as M
-from pipeline.decode.controller import EAGLE3_DEFAULT_SHAPE
+from pipeline import metrics
+from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
 
 
 def decode_tokens_per_s(res) -> float | None:
@@ -49,7 +49,7 @@ def sim_vs_real(cfg, sim, recs, runs, labels, reanchored=None) -> dict:
       by_point     the raw tokens/s error of every method with the clock priced at each cell
                    statistic (simulator/latency/estimate.py: robust, mean, median), the measurement
                    behind the default"""
-    from simulator import baselines as B
+    from simulator import baselines
     from simulator.policy_specs import load_policy
     from simulator.replay import autoregressive, simulate
 
@@ -64,7 +64,7 @@ def sim_vs_real(cfg, sim, recs, runs, labels, reanchored=None) -> dict:
     ev = logs.subset(keep)
     order = [ids.index(p) for p in ev.prompt_id.tolist()]         # log row -> prompt index
     ds = recs[0].dataset
-    pols = {"static": B.StaticPolicy(*EAGLE3_DEFAULT_SHAPE), "grid-best": B.StaticPolicy(*sim.grid_best(ds))}
+    pols = {"static": baselines.StaticPolicy(*EAGLE3_DEFAULT_SHAPE), "grid-best": baselines.StaticPolicy(*sim.grid_best(ds))}
     for spec, label in zip(cfg.policies, labels):
         pols[label] = load_policy(spec, logs=ev, latency=lat)
 
@@ -74,29 +74,29 @@ def sim_vs_real(cfg, sim, recs, runs, labels, reanchored=None) -> dict:
 
     ar_sim = autoregressive(ev, clock).tokens_per_s
     ar_real = real_decode(runs["ar"])
-    by_point = {p: {"ar": float(M.rel_error(np.mean(autoregressive(ev, c).tokens_per_s), np.mean(ar_real)))}
+    by_point = {p: {"ar": float(metrics.rel_error(np.mean(autoregressive(ev, c).tokens_per_s), np.mean(ar_real)))}
                 for p, c in sim.clocks_at_points(ds).items()}
     speed = float(np.mean(ar_real) / np.mean(ar_sim))       # > 1: the machine ran faster than profiled
     out = {"missing_prompts": missing, "machine_speed_factor": speed,
            "profile_speed_factor": {"factor": local[1][0], "cells": local[1][1]} if local else None,
            "ar": {"sim_decode_tokens_per_s": float(np.mean(ar_sim)), "real_decode_tokens_per_s": float(np.mean(ar_real)),
-                  "tokens_per_s_rel_error": float(M.rel_error(np.mean(ar_sim), np.mean(ar_real)))},
+                  "tokens_per_s_rel_error": float(metrics.rel_error(np.mean(ar_sim), np.mean(ar_real)))},
            "methods": {}}
     if reanchored is not None:
         out["reanchored"] = reanchored if isinstance(reanchored, dict) else reanchored.info
     if local:
         ar_pooled = autoregressive(ev, pooled).tokens_per_s
-        out["ar"]["tokens_per_s_rel_error_pooled"] = float(M.rel_error(np.mean(ar_pooled), np.mean(ar_real)))
+        out["ar"]["tokens_per_s_rel_error_pooled"] = float(metrics.rel_error(np.mean(ar_pooled), np.mean(ar_real)))
     for name, pol in pols.items():
         res = simulate(pol, ev, clock)          # the policy as built online (lat), timed by the clock
         m = runs[name]
         real_tau = m.tau(order)
         real_dec = real_decode(m)
-        sim_tau = float(M.tau(res.tokens.sum(), res.cycles.sum()))
+        sim_tau = float(metrics.tau(res.tokens.sum(), res.cycles.sum()))
         sim_dec = res.tokens_per_s.tolist()
         err = lambda scale: err_of(scale * np.mean(sim_dec), real_dec)
         out["methods"][name] = {
-            "sim_tau": sim_tau, "real_tau": real_tau, "tau_rel_error": M.rel_error(sim_tau, real_tau),
+            "sim_tau": sim_tau, "real_tau": real_tau, "tau_rel_error": metrics.rel_error(sim_tau, real_tau),
             "sim_decode_tokens_per_s": float(np.mean(sim_dec)), "real_decode_tokens_per_s": float(np.mean(real_dec)),
             "tokens_per_s_rel_error": err(1.0), "tokens_per_s_rel_error_ar_anchored": err(speed),
             "per_prompt": [{"prompt_id": ev.prompt_id[i], "sim": sim_dec[i], "real": real_dec[i]} for i in range(len(order))],
@@ -108,14 +108,14 @@ def sim_vs_real(cfg, sim, recs, runs, labels, reanchored=None) -> dict:
             out["methods"][name]["reanchored"] = reanchored.replay(name, pol, order, clock, real_tau, real_dec)
         if local:
             pooled_dec = float(np.mean(simulate(pol, ev, pooled).tokens_per_s))
-            out["methods"][name]["tokens_per_s_rel_error_pooled"] = float(M.rel_error(pooled_dec, np.mean(real_dec)))
+            out["methods"][name]["tokens_per_s_rel_error_pooled"] = float(metrics.rel_error(pooled_dec, np.mean(real_dec)))
     out["by_point"] = by_point
     return out
 
 
 def err_of(sim: float, real: list[float]) -> float:
     """(sim - mean real) / mean real."""
-    return float(M.rel_error(sim, np.mean(real)))
+    return float(metrics.rel_error(sim, np.mean(real)))
 
 
 def cycle_cost(cycles, clock) -> dict:
@@ -131,7 +131,7 @@ def cycle_cost(cycles, clock) -> dict:
     real = {"draft": col(lambda c: c.t_draft, np.float64), "verify": col(lambda c: c.t_verify, np.float64),
             "step": col(lambda c: c.t_cycle - c.t_controller, np.float64)}
     priced = {"draft": D * clock.t_draft(W, ctx), "verify": clock.t_verify(V, ctx), "step": clock.t_step(D, W, V, ctx)}
-    rel = lambda k, m: float(M.rel_error(float(priced[k][m].sum()), float(real[k][m].sum()))) if real[k][m].sum() > 0 else None
+    rel = lambda k, m: float(metrics.rel_error(float(priced[k][m].sum()), float(real[k][m].sum()))) if real[k][m].sum() > 0 else None
     every = np.ones(len(cycles), bool)
     return {**{k: rel(k, every) for k in real}, "verify_by_V": {int(v): rel("verify", V == v) for v in np.unique(V)},
             "cycles": len(cycles)}
@@ -164,5 +164,5 @@ def step_cost(steps, lat) -> dict:
         m = B == b
         c = lat.step_context(np.array([s.context_lens for s, on in zip(steps, m) if on], np.float64))
         priced[m] = lat.t_step(D[m], W[m], V[m], c, batch=int(b))
-    err = lambda m: M.rel_error(float(priced[m].sum()), float(measured[m].sum()))
+    err = lambda m: metrics.rel_error(float(priced[m].sum()), float(measured[m].sum()))
     return {"rel_error": err(np.ones(len(steps), bool)), "by_batch": {int(b): err(B == b) for b in np.unique(B)}}

@@ -22,7 +22,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from pipeline import metrics as M
+from pipeline import metrics
 from pipeline.decode.batch.engine import BatchEngine
 from pipeline.decode.controller import Controller
 from pipeline.decode.engine import GenerationResult
@@ -45,7 +45,7 @@ class MethodRuns:
         return [r for run in self.results for i, r in enumerate(run) if idx is None or i in idx]
 
     def tau(self, idx: list[int] | None = None) -> float | None:
-        return M.tau_of_cycles(c for r in self.generations(idx) for c in r.cycles)
+        return metrics.tau_of_cycles(c for r in self.generations(idx) for c in r.cycles)
 
     def mean_depth(self, idx=None) -> float | None:
         cyc = [c for r in self.generations(idx) for c in r.cycles]
@@ -172,7 +172,7 @@ def summarize(runs: dict[str, MethodRuns], idx: list[int] | None = None, baselin
                   "controller_share": m.controller_share(idx)}
         for b in baselines:
             if b in mean:
-                out[n][f"speedup_vs_{b}"] = M.speedup(mean[n], mean[b])
+                out[n][f"speedup_vs_{b}"] = metrics.speedup(mean[n], mean[b])
     return out
 
 

@@ -61,11 +61,11 @@ def compare_replay(logs, results: dict, configs: list) -> list:
 def predict_closed(logs, lat, results: dict, configs: list, batch_sizes) -> list:
     """The replay's closed-batch tokens/s with vLLM's own step costs (this run's cost curve) beside vLLM's decode
     tokens/s at the same B (its steps with B requests in flight and none joining: the replay charges no prefill)."""
-    from simulator.serving import shapes as S
+    from pipeline.decode import step_shape
     from simulator.serving.replay import ShapeTable, closed_batch
 
     static = [sc for sc in configs if not sc.ranges]
-    table = ShapeTable(logs, [S.chain(sc.k) for sc in static])
+    table = ShapeTable(logs, [step_shape.chain(sc.k) for sc in static])
     rows = []
     for B in sorted(int(b) for b in batch_sizes):
         res = closed_batch(logs, lat, table, B)
@@ -82,7 +82,7 @@ def predict_load(logs, lat, results: dict, configs: list, loads: dict, max_batch
     """Each load run (--rates, --trace) replayed with the same arrivals, the same requests in the same order, the same
     max batch and vLLM's own step costs (and its prefills, where the cost curve has them), beside vLLM's
     throughput over the same span (first arrival to last finish) and its TPOT."""
-    from simulator.serving import shapes as S
+    from pipeline.decode import step_shape
     from simulator.serving.choosers.base import ScheduleChooser, StaticChooser
     from simulator.serving.load import serve
     from simulator.serving.metrics import summarize
@@ -90,7 +90,7 @@ def predict_load(logs, lat, results: dict, configs: list, loads: dict, max_batch
     from simulator.serving.schedule import Schedule
 
     choosers = {sc.name: ScheduleChooser(Schedule.from_vllm(sc.ranges), sc.name) if sc.ranges
-                else StaticChooser(S.chain(sc.k), sc.name) for sc in configs}
+                else StaticChooser(step_shape.chain(sc.k), sc.name) for sc in configs}
     shapes = sorted({s for c in choosers.values() for s in c.shapes()})
     table = ShapeTable(logs, shapes)
     rows = []

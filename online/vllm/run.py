@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import DataError, DraftGymError
-from online.vllm import env as E
+from online.vllm import env as vllm_env
 from online.vllm.checks import classify_divergences, draftgym_ar, lossless, same_outputs
 from online.vllm.compare import compare_replay, predict_closed, predict_load, prompt_logs, vllm_costs
 
@@ -182,7 +182,7 @@ def run_engine(py: Path, job: dict, out_dir: Path, name: str, timeout_s: int) ->
            "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     with open(log, "w") as lf:
         try:
-            rc = subprocess.run([str(py), str(E.WORKER), str(job_path), str(res)], stdout=lf, stderr=subprocess.STDOUT,
+            rc = subprocess.run([str(py), str(vllm_env.WORKER), str(job_path), str(res)], stdout=lf, stderr=subprocess.STDOUT,
                                 env=env, timeout=timeout_s, cwd=str(out_dir)).returncode
         except subprocess.TimeoutExpired:
             rc = -9
@@ -261,10 +261,10 @@ def run_vllm_run_command(cfg: VllmRunConfig) -> int:
 
     if not cfg.batch_sizes and not cfg.rates and not cfg.trace:
         raise DataError("nothing to run: give --batch-sizes, --rates or --trace")
-    py = E.vllm_python()
-    version = E.vllm_version(py)
+    py = vllm_env.vllm_python()
+    version = vllm_env.vllm_version(py)
     dtype = resolve_dtype_name(cfg.dtype, "cpu")
-    tdir, hdir = E.target_dir(cfg.model), E.head_dir(cfg.head)
+    tdir, hdir = vllm_env.target_dir(cfg.model), vllm_env.head_dir(cfg.head)
     records = load_prompts(cfg.dataset, resolve_split(cfg.dataset, cfg.split), cfg.n_prompts)
     if not records:
         raise DataError(f"no prompts in {cfg.dataset} (split {cfg.split or 'default'})")
@@ -300,7 +300,7 @@ def run_vllm_run_command(cfg: VllmRunConfig) -> int:
                             "engine_s": time.perf_counter() - t0, "runs": summarise(events)}
         if not done:
             print(f"draftgym: note: vLLM stopped before the end of config {sc.name}; its results so far are kept and "
-                  f"marked partial: {E.vllm_error(log)} (log: {log})", file=sys.stderr)
+                  f"marked partial: {vllm_env.vllm_error(log)} (log: {log})", file=sys.stderr)
     ref = results["none"]["runs"]
     for name, r in results.items():
         if name != "none":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pipeline.decode.step_shape import pool_size
 from pipeline.decode.tree import rank_nodes, tree_from_nodes
 from pipeline.decode.verify import crop_cache, target_forward, trees_attention_mask
 
@@ -25,8 +26,7 @@ def acceptance_table(pool, cont: torch.Tensor, max_depth: int, grid: torch.Tenso
     on_path = torch.zeros(B, N, dtype=torch.bool)
     path_idx = torch.full((B, max_depth), -1, dtype=torch.long)        # [B, j] on-path node at depth j+1
     for j in range(1, max_depth + 1):
-        lo = 0 if j == 1 else W + (j - 2) * W * W
-        hi = W + (j - 1) * W * W
+        lo, hi = pool_size(j - 1, W), pool_size(j, W)                 # level j's nodes in pool order
         tok = pool.tokens[:, lo:hi]
         par = pool.parents[:, lo:hi]
         par_ok = torch.ones_like(tok, dtype=torch.bool) if j == 1 else torch.gather(on_path, 1, par.clamp(min=0))
@@ -42,7 +42,7 @@ def acceptance_table(pool, cont: torch.Tensor, max_depth: int, grid: torch.Tenso
     ar = torch.arange(N)
     better = (scores[:, None, :] > si[:, :, None]) | (
         (scores[:, None, :] == si[:, :, None]) & (ar[None, None, :] < path_idx[:, :, None]))   # [B, Dmax(j), N]
-    ends = [W + (k - 1) * W * W for k in range(1, max_depth + 1)]        # n_D for D = 1..Dmax
+    ends = [pool_size(k, W) for k in range(1, max_depth + 1)]           # n_D for D = 1..Dmax
     per_level = torch.stack([better[:, :, lo:hi].sum(-1) for lo, hi in zip([0] + ends[:-1], ends)], -1)
     rank = per_level.cumsum(-1)                                          # [B, j, D] rank in pool[:n_D]
     depth = torch.arange(1, max_depth + 1)
@@ -73,7 +73,7 @@ def acceptance_dists(model, cache, pool, bs: list[int], root_tokens: list[int], 
     trees, sels = [], []
     for b, root_token in zip(bs, root_tokens):
         order = rank_nodes(pool.scores[b : b + 1])[0]
-        sel = [order[order < W + (D - 1) * W * W][: max(0, verify_size - 1)] for D in range(1, max_depth + 1)]
+        sel = [order[order < pool_size(D, W)][: max(0, verify_size - 1)] for D in range(1, max_depth + 1)]
         trees.append(tree_from_nodes(pool, b, root_token, torch.unique(torch.cat(sel))))
         sels.append(sel)
     out, i0 = [], 0

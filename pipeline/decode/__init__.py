@@ -3,6 +3,7 @@
     tree.py            draft-tree expansion and selection (EAGLE's topK_genrate), batched over roots
     draft.py           drafting: the head's KV cache and batched tree expansion
     verify.py          the tree-verify forward, greedy and sampling acceptance, KV compaction
+    step_shape.py      the step shape (D, W, V): StepShape, the pool size, parsing, labels; every layer's one home
     controller.py      the controller hooks policies steer the engine through (batch 1: plan, continue,
                        size, observe; batch B: one StepShape per step)
     batch/             the one engine, at every batch size: one shape per step, continuous batching

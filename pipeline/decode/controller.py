@@ -31,87 +31,10 @@ calls of a step together as t_controller.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
+from pipeline.decode.step_shape import DEFAULT_DEPTH, DEFAULT_VERIFY_SIZE, DEFAULT_WIDTH, StepShape
 from pipeline.decode.tree import DraftPool, DraftStep
 from pipeline.errors import DraftGymError
-
-EAGLE3_DEFAULT_SHAPE = (8, 10, 60)     # EAGLE-3's from_pretrained (D, W, V): the static default everywhere
-DEFAULT_DEPTH, DEFAULT_WIDTH, DEFAULT_VERIFY_SIZE = EAGLE3_DEFAULT_SHAPE
-
-
-def pool_size(depth, width):
-    """W + (D - 1) W^2: the draft candidates a tree of D forwards over W beams makes (0 when off, D = 0).
-    Ints give an int; numpy arrays (the replay's) give an array, elementwise."""
-    return (depth > 0) * (width + (depth - 1) * width * width)
-
-
-class _DWV(NamedTuple):
-    depth: int
-    width: int
-    verify_size: int
-
-
-class StepShape(_DWV):
-    """The one shape type: the shape of one step at any batch size, and the (D, W, V) the
-    simulator, `tune`, schedules and reports speak. D draft forwards over W beams, V tokens verified
-    per row (root included; D is the most forwards when a depth policy stops early). Off: D = 0,
-    V = 1. Chain: W = 1, V = D + 1. Otherwise an EAGLE-3 tree. A tuple, so (8, 10, 60) == the
-    default tree, it keys dicts and goes to JSON as [D, W, V].
-
-    Spelling (label / simulator.serving.shapes.parse): "off", "chain:K", "tree:D,W,V"."""
-
-    __slots__ = ()
-
-    def __new__(cls, depth: int = DEFAULT_DEPTH, width: int = DEFAULT_WIDTH, verify_size: int = DEFAULT_VERIFY_SIZE):
-        d, w, v = int(depth), int(width), int(verify_size)
-        if d < 0 or w < 1 or v < 1:
-            raise ValueError(f"a step shape needs depth >= 0, width >= 1, verify_size >= 1, got ({d}, {w}, {v})")
-        if d == 0 and v != 1:
-            raise ValueError(f"a step with no draft (depth 0) verifies the root only (verify_size 1), got ({d}, {w}, {v})")
-        return super().__new__(cls, d, w, v)
-
-    @classmethod
-    def off(cls) -> "StepShape":
-        return cls(0, 1, 1)
-
-    @classmethod
-    def chain(cls, depth: int) -> "StepShape":
-        return cls(depth, 1, depth + 1)
-
-    @classmethod
-    def of(cls, shape) -> "StepShape":
-        """Any (depth, width, verify_size) object or 3-sequence as a StepShape (a StepShape as it is:
-        the engine asks this of every plan)."""
-        if isinstance(shape, StepShape):
-            return shape
-        if hasattr(shape, "verify_size"):
-            return cls(shape.depth, shape.width, shape.verify_size)
-        return cls(*shape)
-
-    @property
-    def is_off(self) -> bool:
-        return self.depth == 0
-
-    @property
-    def effective(self) -> "StepShape":
-        """V clamped to 1 + the pool (what the engine verifies); off whatever W for D = 0."""
-        if self.is_off:
-            return StepShape.off()
-        return StepShape(self.depth, self.width, min(self.verify_size, 1 + pool_size(self.depth, self.width)))
-
-    @property
-    def kind(self) -> str:
-        e = self.effective
-        return "off" if e.is_off else ("chain" if e.width == 1 and e.verify_size == e.depth + 1 else "tree")
-
-    def label(self) -> str:
-        """'off', 'chain:3' or 'tree:8,10,60' (of the effective shape): logs, reports, the command line."""
-        e, kind = self.effective, self.kind
-        if kind == "off":
-            return "off"
-        return f"chain:{e.depth}" if kind == "chain" else f"tree:{e.depth},{e.width},{e.verify_size}"
-
 
 @dataclass
 class StepContext:

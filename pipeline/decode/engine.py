@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline import metrics as M
+from pipeline import metrics
 from pipeline.models import arch
 from pipeline.decode.batch.engine import BatchEngine
 from pipeline.decode.batch.result import Generated
@@ -42,7 +42,7 @@ class GenerationResult(Generated):
 
     @property
     def tokens_per_s(self) -> float:
-        return float(M.tokens_per_s(self.new_tokens, self.wall_s))
+        return float(metrics.tokens_per_s(self.new_tokens, self.wall_s))
 
     @classmethod
     def of_row(cls, res, i: int = 0) -> GenerationResult:

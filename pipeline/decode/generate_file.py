@@ -50,7 +50,7 @@ def read_prompts_file(path: str) -> list[tuple[str, object]]:
 
 def batch_shape(cfg):
     """The one StepShape of every step: chain K (--chain), else the tree (D, W, V); off for --method ar."""
-    from pipeline.decode.controller import StepShape
+    from pipeline.decode.step_shape import StepShape
 
     if cfg.method == "ar":
         return StepShape.off()

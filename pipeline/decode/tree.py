@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from pipeline.decode.step_shape import pool_size
+
 
 @dataclass
 class DraftStep:
@@ -51,7 +53,7 @@ class DraftPool:
 
     def truncate_depth(self, depth: int) -> "DraftPool":
         """The pool a shallower expansion would have built (a prefix in pool order)."""
-        n = self.width + (depth - 1) * self.width ** 2 if depth >= 1 else 0
+        n = pool_size(depth, self.width)
         return DraftPool(self.tokens[:, :n], self.scores[:, :n], self.parents[:, :n], self.depths[:, :n],
                          self.width, self.steps[:depth])
 

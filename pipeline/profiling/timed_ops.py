@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pipeline.decode.controller import pool_size
+from pipeline.decode.step_shape import pool_size
 from pipeline.decode.draft import additive
 from pipeline.models.head import Eagle3Head
 from pipeline.runtime.clock import DeviceClock

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline import metrics as M
+from pipeline.decode.step_shape import pool_size
+from pipeline import metrics
 from simulator.observations import paper as obs
 from simulator.observations import rich
 from simulator.latency.model import LatencyModel
@@ -85,7 +86,7 @@ def resps_shapes(logs: ReplayLogs, max_depth: int | None = None, space: str = "s
             if D > (max_depth or logs.max_depth):
                 continue
             for V in (RESPS_WIDE_VERIFY if wide else RESPS_VERIFY):
-                if (V <= 1 + W + (D - 1) * W * W) if wide else (V <= W ** (D - 1)):
+                if (V <= 1 + pool_size(D, W)) if wide else (V <= W ** (D - 1)):
                     t = (int(logs.snap_to_grid(V)), D, W)
                     if t not in out:
                         out.append(t)
@@ -217,7 +218,7 @@ class _ReplayCore:
         tok, tim = self.ep["tokens"][end], self.ep["time"][end]
         for j, e in enumerate(end):
             self.finished.append({"return": float(self.ep["return"][e]), "tokens_per_s": float(tok[j] / max(tim[j], 1e-12)),
-                                  "tau": float(M.tau(tok[j], self.ep["cycles"][e])), "cycles": int(self.ep["cycles"][e]),
+                                  "tau": float(metrics.tau(tok[j], self.ep["cycles"][e])), "cycles": int(self.ep["cycles"][e]),
                                   "steps": int(self.ep["steps"][e]), "tokens": float(tok[j]), "time": float(tim[j])})
         if len(self.finished) > 100_000:
             del self.finished[: len(self.finished) - 100_000]

@@ -53,6 +53,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from pipeline.decode.step_shape import pool_size
 from simulator.observations import paper as obs
 from simulator.observations import rich
 from simulator.envs.core import EnvConfig, _ReplayCore, resps_shapes  # noqa: F401 (resps_shapes: re-exported)
@@ -230,7 +231,7 @@ class RespsEnv(_ReplayCore):
             i = np.flatnonzero(live)
             if not len(i):
                 break
-            v_eff = np.minimum(V[i], 1 + W[i] + (D[i] - 1) * W[i] * W[i])
+            v_eff = np.minimum(V[i], 1 + pool_size(D[i], W[i]))
             out = self._finish_cycle(i, D[i], W[i], V[i], 1 if k == 0 else 0)
             tput[i] += self.cycle_reward(out["emitted"], out["t"])
             count[i] += 1

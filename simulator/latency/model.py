@@ -73,6 +73,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.decode.step_shape import pool_size
 from pipeline.errors import DataError
 from pipeline.logs.schema import read_table, table_files
 from pipeline.profiling.trust import drop_suspects, suspects_line, trusted_out
@@ -205,7 +206,7 @@ class LatencyModel:
         step: V_eff = 1, no draft), a chain is (D, 1, D + 1); V clamped to 1 + pool size as in
         t_cycle; n_calls controller calls at B (0 for a static shape or schedule)."""
         depth, width = np.asarray(depth), np.asarray(width)
-        v_eff = np.where(depth > 0, np.minimum(verify_size, 1 + width + (depth - 1) * width * width), 1)
+        v_eff = np.where(depth > 0, np.minimum(verify_size, 1 + pool_size(depth, width)), 1)
         return (depth * self.t_draft(np.maximum(width, 1), context_len, batch=batch)
                 + self.t_verify(v_eff, context_len, batch=batch)
                 + np.asarray(n_calls) * self.t_policy(batch=batch) + self.t_overhead(context_len, batch=batch))
@@ -213,7 +214,7 @@ class LatencyModel:
     def t_cycle(self, depth, width, verify_size, context_len, n_calls=0) -> np.ndarray:
         """Deterministic cycle time (module docstring), V clamped to 1 + pool size."""
         depth, width = np.asarray(depth), np.asarray(width)
-        v_eff = np.minimum(verify_size, 1 + width + (depth - 1) * width * width)
+        v_eff = np.minimum(verify_size, 1 + pool_size(depth, width))
         return (depth * self.t_draft(width, context_len) + self.t_verify(v_eff, context_len)
                 + np.asarray(n_calls) * self.policy_s + self.t_overhead(context_len))
 

@@ -51,7 +51,8 @@ from simulator.methods.checkpoint import save_policy
 from simulator.methods.resps.serving_policy import LoadAwarePolicy
 from simulator.serving import arrivals as arr
 from simulator.serving import metrics
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import candidates, replayable
 from simulator.serving.choosers.base import ScheduleChooser, StaticChooser
 from simulator.serving.env import OBJECTIVES, LoadEnv, LoadEnvConfig
 from simulator.serving.choosers.learned import LearnedChooser
@@ -61,7 +62,8 @@ from simulator.methods.ltd import serving_train as train_ltd
 from simulator.methods.radar import serving_train as train_radar
 from simulator.methods.ltd.serving_train import LTDLoadConfig
 from simulator.methods.radar.serving_train import RadarLoadConfig
-from simulator.serving.tune import ServingLogsConfig, load_inputs, tune
+from simulator.serving.tune import tune
+from simulator.serving.inputs import ServingLogsConfig, load_inputs
 from simulator.train.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
 
 METHODS = ("resps", "ltd", "radar")
@@ -123,12 +125,12 @@ def method_config(cfg: LoadTrainConfig, method: str, logs):
 def action_shapes(cfg: LoadTrainConfig, logs, schedule) -> list:
     """The action set (module docstring): canonical shapes, off first; `schedule` tuned on `logs`."""
     if cfg.shapes != "auto":
-        out = [S.parse(s) for s in cfg.shapes.replace(";", " ").split()]
-        missing = [S.label(s) for s in out if not S.replayable(logs, s)]
+        out = [step_shape.parse(s) for s in cfg.shapes.replace(";", " ").split()]
+        missing = [step_shape.label(s) for s in out if not replayable(logs, s)]
         if missing:
             raise DataError(f"--shapes: the logs cannot replay {', '.join(missing)}")
         return list(dict.fromkeys(out))
-    out = [S.OFF] + [S.chain(k) for k in range(1, cfg.chains + 1) if S.replayable(logs, S.chain(k))]
+    out = [step_shape.OFF] + [step_shape.chain(k) for k in range(1, cfg.chains + 1) if replayable(logs, step_shape.chain(k))]
     out += schedule.shapes()
     return list(dict.fromkeys(out))
 
@@ -146,7 +148,7 @@ def serve_tokens_per_s(logs, latency, shapes, chooser, arrivals, max_batch) -> f
 
 
 def make_policy(actor, shapes, cfg: LoadTrainConfig, obs_spec: dict, name: str = "resps-load") -> LoadAwarePolicy:
-    return LoadAwarePolicy(actor, [S.label(s) for s in shapes], hold=cfg.hold, obs=obs_spec, name=name)
+    return LoadAwarePolicy(actor, [step_shape.label(s) for s in shapes], hold=cfg.hold, obs=obs_spec, name=name)
 
 
 def train_load(cfg: LoadTrainConfig) -> dict:
@@ -163,13 +165,13 @@ def train_load(cfg: LoadTrainConfig) -> dict:
     if train.n_sequences == 0 or val.n_sequences == 0:
         raise DataError(f"no sequences in split {cfg.split!r} or validation split {cfg.val_split!r}")
     sched = tune(train, lat, parse_positive_ints(cfg.tune_batches, "--tune-batches"),
-                 S.candidates(train, "all"))["schedule"]
+                 candidates(train, "all"))["schedule"]
     if method == "resps":
         shapes, n_envs = action_shapes(cfg, train, sched), cfg.ppo.n_envs
     else:
         mcfg = method_config(cfg, method, train)
         shapes, n_envs = MODULES[method].action_shapes(train, mcfg), mcfg.n_envs
-    missing = [S.label(s) for s in shapes if not S.replayable(val, s)]
+    missing = [step_shape.label(s) for s in shapes if not replayable(val, s)]
     if missing:
         raise DataError(f"the validation split cannot replay {', '.join(missing)}")
     tb = parse_positive_ints(cfg.target_batches, "--target-batches")
@@ -179,10 +181,10 @@ def train_load(cfg: LoadTrainConfig) -> dict:
         confidence_depth=cfg.confidence_depth, seed=cfg.seed))
     obs_spec = env.spec.to_json()
     arrivals, rates = val_sweep(cfg, val, lat)
-    reference = {"ar": serve_tokens_per_s(val, lat, shapes, StaticChooser(S.OFF, "AR"), arrivals, cfg.max_batch),
+    reference = {"ar": serve_tokens_per_s(val, lat, shapes, StaticChooser(step_shape.OFF, "AR"), arrivals, cfg.max_batch),
                  "schedule": serve_tokens_per_s(val, lat, shapes, ScheduleChooser(sched), arrivals, cfg.max_batch)}
     out = {"shapes": shapes, "obs_spec": obs_spec, "reference": reference, "val_rates": rates,
-           "schedule": [[lo, hi, S.label(s)] for lo, hi, s in sched.ranges]}
+           "schedule": [[lo, hi, step_shape.label(s)] for lo, hi, s in sched.ranges]}
     serve_policy = lambda policy: serve_tokens_per_s(val, lat, shapes, LearnedChooser(policy), arrivals, cfg.max_batch)
     if method != "resps":
         r = _one_thread(lambda: MODULES[method].train(env, mcfg, cfg.steps, cfg.seed, validate=serve_policy,
@@ -215,7 +217,7 @@ def save(out: Path, res: dict, cfg: LoadTrainConfig, training: dict) -> Path:
     spec = res["obs_spec"]
     return save_policy(out, out.name, "resps-load", {"shape": {
         "module": res["actor"], "net": mlp_spec(spec["dim"], cfg.ppo.actor_hidden, len(res["shapes"])),
-        "obs": spec, "action": {"type": "serving_shape", "shapes": [S.label(s) for s in res["shapes"]],
+        "obs": spec, "action": {"type": "serving_shape", "shapes": [step_shape.label(s) for s in res["shapes"]],
                                 "hold": cfg.hold}}},
         {"max_batch": cfg.max_batch}, training)
 
@@ -233,7 +235,7 @@ def run_train_load_command(cfg: LoadTrainConfig) -> int:
     plot_history(res["history"], curve, f"{name} (serving replay)")
     algo_key = "ppo" if method == "resps" else method
     summary = {"method": name, "out": str(out), "val_tokens_per_s": res["val"], "reference": res["reference"],
-               "val_rates": res["val_rates"], "shapes": [S.label(s) for s in res["shapes"]],
+               "val_rates": res["val_rates"], "shapes": [step_shape.label(s) for s in res["shapes"]],
                "schedule_on_train": res["schedule"], "obs": res["obs_spec"],
                "config": {**asdict(cfg), algo_key: res["algo"]}, "curve": str(curve),
                "wall_s": time.perf_counter() - t0}

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.decode.step_shape import pool_size
 from pipeline.logs.candidates import SCORE_FLOOR, clean   # the floor the logs store candidates at
 from pipeline.logs.schema import DEFAULT_MAX_DEPTH     # LTD: D <= 12, the depth the logs hold
 
@@ -146,14 +147,14 @@ def ltd_depth_obs_one(candidate_scores, depth: int, context_len: int, width: int
 # ---------------------------------------------------------------- LTD size policy
 
 def ltd_size_obs_dim(width: int, max_depth: int = DEFAULT_MAX_DEPTH) -> int:
-    return width + (max_depth - 1) * width * width + 2
+    return pool_size(max_depth, width) + 2
 
 
 def level_scores_from_pool(pool_scores, width: int, depth: int, max_depth: int = DEFAULT_MAX_DEPTH) -> np.ndarray:
     """Pool-order scores ([..., W + (depth-1) W^2], `DraftPool.scores`) -> [..., max_depth, W*W] per
     level (level 1 holds W entries, the rest NaN; levels deeper than `depth` NaN)."""
     s = to_numpy(pool_scores)
-    n = width + (depth - 1) * width * width
+    n = pool_size(depth, width)
     if s.shape[-1] < n:
         raise ValueError(f"pool has {s.shape[-1]} scores, a depth-{depth} width-{width} pool has {n}")
     out = np.full(s.shape[:-1] + (max_depth, width * width), np.nan, np.float32)
@@ -211,11 +212,11 @@ def ltd_size_obs_parts(pool_scores, width: int, depth: int, context_len: int,
     at a fraction of its cost: it never builds the [max_depth, W*W] level array.
     pool_scores: [>= W + (D-1) W^2] `DraftPool.scores` of one row, in pool order."""
     s = to_numpy(pool_scores)
-    pool_size = width + (int(depth) - 1) * width * width
-    if s.shape[-1] < pool_size:
-        raise ValueError(f"pool has {s.shape[-1]} scores, a depth-{depth} width-{width} pool has {pool_size}")
+    pool = pool_size(int(depth), width)
+    if s.shape[-1] < pool:
+        raise ValueError(f"pool has {s.shape[-1]} scores, a depth-{depth} width-{width} pool has {pool}")
     D = min(int(depth), max_depth)
-    n = width + (D - 1) * width * width
+    n = pool_size(D, width)
     s = clean_scores(s[:n])
     live = np.empty(n, np.float32)
     live[:width] = np.sort(s[:width])[::-1]               # level 1: its W scores, descending

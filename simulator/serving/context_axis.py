@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import DataError
-from simulator.serving import metrics as M
-from simulator.serving import shapes as S
+from simulator.serving import metrics
+from pipeline.decode import step_shape
 from simulator.serving.choosers.base import Chooser, StaticChooser
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable, closed_batch
@@ -45,7 +45,7 @@ class ContextChooser(Chooser):
     tuned B below; the smallest when B is below every one)."""
 
     def __init__(self, by_batch: dict[int, list], edges, name: str = "schedule (per B and context)"):
-        self.by_batch = {int(b): [S.canonical(s) for s in v] for b, v in by_batch.items()}
+        self.by_batch = {int(b): [step_shape.canonical(s) for s in v] for b, v in by_batch.items()}
         self.keys, self.edges, self.name = sorted(self.by_batch), np.asarray(edges, np.float64), name
 
     def shapes(self):
@@ -61,7 +61,7 @@ def context_axis(logs, latency, batch_sizes, shapes, n_bins: int = 2, requests_p
                  min_gain: float = 1.01) -> dict:
     """The three steps of the module docstring -> {"edges", "per_batch": [{batch, single, by_bin,
     bin_tokens_per_s, gain, ...}], "pays", "best_gain"}."""
-    shapes = [S.canonical(s) for s in shapes]
+    shapes = [step_shape.canonical(s) for s in shapes]
     edges = context_edges(logs, n_bins)
     table = ShapeTable(logs, shapes)
     out = []
@@ -74,9 +74,9 @@ def context_axis(logs, latency, batch_sizes, shapes, n_bins: int = 2, requests_p
         seen = run["time_by_context"].sum(0) > 0
         by_bin = [shapes[int(np.nanargmax(tps[:, k]))] if seen[k] else single for k in range(len(edges) + 1)]
         arrivals = np.zeros(R)
-        flat = M.summarize(serve(logs, latency, table, StaticChooser(single), arrivals, B, prefill=False))
-        split = M.summarize(serve(logs, latency, table, ContextChooser({B: by_bin}, edges), arrivals, B, prefill=False))
-        out.append({"batch": B, "single": S.label(single), "by_bin": [S.label(s) for s in by_bin],
+        flat = metrics.summarize(serve(logs, latency, table, StaticChooser(single), arrivals, B, prefill=False))
+        split = metrics.summarize(serve(logs, latency, table, ContextChooser({B: by_bin}, edges), arrivals, B, prefill=False))
+        out.append({"batch": B, "single": step_shape.label(single), "by_bin": [step_shape.label(s) for s in by_bin],
                     "bin_share_of_time": (run["time_by_context"][shapes.index(single)]
                                           / max(run["time"][shapes.index(single)], 1e-12)).round(4).tolist(),
                     "single_tokens_per_s": flat["tokens_per_s"], "split_tokens_per_s": split["tokens_per_s"],

@@ -45,7 +45,7 @@ import numpy as np
 
 from pipeline.errors import DataError
 from simulator.serving import arrivals as arr
-from simulator.serving import observations as O
+from simulator.serving import observations
 from simulator.serving.replay import ShapeTable
 
 OBJECTIVES = ("ratio", "rate")
@@ -85,11 +85,11 @@ class LoadEnv:
             raise DataError("hold and episode_decisions must be >= 1")
         self.logs, self.latency, self.cfg = logs, latency, cfg
         self.table = ShapeTable(logs, shapes)
-        self.spec = O.make_spec(logs, cfg.max_batch, cfg.confidence_depth)
+        self.spec = observations.make_spec(logs, cfg.max_batch, cfg.confidence_depth)
         self.n, self.M, self.n_actions, self.obs_dim = cfg.n_envs, cfg.max_batch, len(self.table), self.spec.dim
         self.target = logs.new_tokens - 1                                    # [S] tokens a request emits
         self.prefill = latency.t_prefill(logs.prompt_len)                    # [S] s to prefill each sequence
-        self.conf = O.confidences(logs, self.spec) if cfg.confidence_depth else np.zeros((logs.n_positions, 0), np.float32)
+        self.conf = observations.confidences(logs, self.spec) if cfg.confidence_depth else np.zeros((logs.n_positions, 0), np.float32)
         tb = np.asarray(cfg.target_batches, np.float64)          # beyond max_batch: the queue overloads
         self.rates = np.asarray(rates if rates is not None else arr.rates_for_logs(tb, logs, latency))
         self.start_rows = np.clip(np.round(tb), 1, cfg.max_batch).astype(np.int64) if rates is None else \
@@ -167,7 +167,7 @@ class LoadEnv:
         rows = self.rows()
         prev = np.maximum(self.prev, 0)
         had = self.prev >= 0
-        return O.load_obs(self.spec, self.active, self.queued, self.logs.context_len[rows], self.conf[rows],
+        return observations.load_obs(self.spec, self.active, self.queued, self.logs.context_len[rows], self.conf[rows],
                           self.ema, self.has_ema, np.where(had, self.table.depth[prev], 0),
                           np.where(had, self.table.verify[prev], 1))
 
@@ -190,12 +190,12 @@ class LoadEnv:
             dt = step_times(tab, self.latency, a, B, c)
             if h == 0:
                 B0, c0 = B, c
-                dt = dt + O.decision_cost(self.spec, self.latency, tab.depth[a], tab.width[a], B, c)
+                dt = dt + observations.decision_cost(self.spec, self.latency, tab.depth[a], tab.width[a], B, c)
             tokens += e.sum(1)
             time += dt
             self.t += dt
             drafted = tab.depth[a] > 0
-            self.ema, self.has_ema = O.ema_update(self.spec, self.ema, self.has_ema, drafted,
+            self.ema, self.has_ema = observations.ema_update(self.spec, self.ema, self.has_ema, drafted,
                                                   np.where(act, L, 0).sum(1) / B)
             self.pos = np.where(act, self.pos + L + 1, self.pos)
             self.active = act & (self.pos < self.target[self.seq])

@@ -31,7 +31,8 @@ import math
 import numpy as np
 
 from pipeline.errors import DataError
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import lookup_verify, replayable
 from simulator.serving.replay import ShapeTable, closed_batch
 
 AR_NAME = "ar"        # online.bench.batch's name of the AR method
@@ -70,12 +71,12 @@ def replay_curves(logs, latency, shapes: dict, batch_sizes, requests_per_slot: i
     Shapes the logs cannot replay are left out and named in the notes."""
     notes, ok = [], {}
     for name, shape in shapes.items():
-        s = S.canonical(shape)
-        if S.replayable(logs, s):
+        s = step_shape.canonical(shape)
+        if replayable(logs, s):
             ok[name] = s
         else:
             try:
-                S.lookup_verify(logs, s)
+                lookup_verify(logs, s)
             except DataError as e:
                 notes.append(f"{name}: not replayed ({e})")
     if not ok:
@@ -144,15 +145,15 @@ def plot_schedule(schedule, title: str = ""):
     bs = np.asarray(t["batch_sizes"], np.float64)
     tps = np.asarray(t["tokens_per_s"], np.float64)                           # [n, A]
     labels = list(t["shapes"])
-    ranged = list(dict.fromkeys(S.label(s) for _, _, s in schedule.ranges))
+    ranged = list(dict.fromkeys(step_shape.label(s) for _, _, s in schedule.ranges))
     col = _colours(list(dict.fromkeys([*ranged, "off"])))
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
     right = max(bs[-1], schedule.max_batch) * 1.5
     for i, (lo, hi, s) in enumerate(schedule.ranges):
         x1 = right if i == len(schedule.ranges) - 1 else hi + 1
-        ax.axvspan(lo, x1, color=col[S.label(s)], alpha=0.15, lw=0)
-        ax.text(math.sqrt(lo * x1), 0.98, f"{lo}-{hi}\n{S.label(s)}", transform=ax.get_xaxis_transform(),
+        ax.axvspan(lo, x1, color=col[step_shape.label(s)], alpha=0.15, lw=0)
+        ax.text(math.sqrt(lo * x1), 0.98, f"{lo}-{hi}\n{step_shape.label(s)}", transform=ax.get_xaxis_transform(),
                 ha="center", va="top", fontsize=7)
     for a, name in enumerate(labels):                                        # grey first, coloured on top
         if name not in col:

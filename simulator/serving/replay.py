@@ -29,7 +29,8 @@ import numpy as np
 
 from pipeline.errors import DataError
 from simulator.serving import metrics
-from simulator.serving.shapes import canonical, label, lookup_verify
+from simulator.serving.inputs import lookup_verify
+from pipeline.decode.step_shape import canonical, label
 
 
 class ShapeTable:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import DataError
-from simulator.serving.shapes import OFF, Shape, canonical, chain, label, parse
+from pipeline.decode.step_shape import canonical, chain, label, OFF, parse, StepShape
 
 FORMAT = "draftgym.schedule"
 
@@ -38,7 +38,7 @@ VLLM_EAGLE3_EXAMPLE = ((1, 16, 5), (17, 32, 4), (33, 64, 3), (65, 128, 1), (129,
 
 @dataclass
 class Schedule:
-    ranges: list[tuple[int, int, Shape]]
+    ranges: list[tuple[int, int, StepShape]]
     tuning: dict | None = None          # {"batch_sizes": [n], "shapes": [A labels], "tokens_per_s": [n][A]}
     meta: dict = field(default_factory=dict)
 
@@ -54,7 +54,7 @@ class Schedule:
             expect = hi + 1
 
     # ---- reading
-    def shape_for(self, batch: int) -> Shape:
+    def shape_for(self, batch: int) -> StepShape:
         for lo, hi, s in self.ranges:
             if lo <= batch <= hi:
                 return s
@@ -64,14 +64,14 @@ class Schedule:
     def max_batch(self) -> int:
         return self.ranges[-1][1]
 
-    def shapes(self) -> list[Shape]:
+    def shapes(self) -> list[StepShape]:
         return list(dict.fromkeys(s for _, _, s in self.ranges))
 
     def table(self) -> list[tuple[str, str]]:
         """[(batch range, shape label)] for printing."""
         return [(f"{lo}-{hi}" if hi > lo else f"{lo}", label(s)) for lo, hi, s in self.ranges]
 
-    def best_at(self, batch: int, allowed) -> Shape:
+    def best_at(self, batch: int, allowed) -> StepShape:
         """The tuning table's best shape at the tuned batch size that covers `batch` among those for
         which allowed(shape) is true (what an engine that cannot run the schedule's own shape runs)."""
         if not self.tuning:

@@ -1,6 +1,6 @@
 """`draftgym tune`: the best shape at each batch size, merged into a schedule.
 
-For every batch size B of --batch-sizes and every candidate shape s (shapes.candidates: off, chains
+For every batch size B of --batch-sizes and every candidate shape s (inputs.candidates: off, chains
 K = 1..8, the trees the logs support), replay a closed batch of B rows on the tuning split
 (replay.closed_batch: B rows always full, each row its own logged acceptance) and measure
 
@@ -63,35 +63,18 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.cliargs import parse_positive_ints
+from pipeline.decode import step_shape
 from pipeline.errors import DataError
-from simulator.latency.model import LatencyModel
-from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
-from simulator.serving import metrics as M
-from simulator.serving import shapes as S
+from simulator.serving import metrics
+from simulator.serving.inputs import ServingLogsConfig, load_inputs, log_source, profiled_candidates
 from simulator.serving.replay import ShapeTable, closed_batch
 from simulator.serving.schedule import Schedule
-
-
-@dataclass
-class ServingLogsConfig:
-    """Which logs and latency profile tune, serve-eval and train-load replay (`load_inputs` reads these;
-    simulator/cli.py's `_serving_logs_args` gives their options)."""
-    logs: str = ""                        # logs root (sequences/, positions/, latency/) (required)
-    model: str | None = None              # model partition (default: the only one)
-    temperature: float | None = None      # temperature partition (default: the only one)
-    dataset: str | None = None            # comma-separated datasets (default: all)
-    dtype: str | None = None              # the logs' dtype (default: the only one)
-    profile: str | None = None            # latency profile_id (default: the newest of the logs' dtype)
-    latency: str | None = None            # root holding latency/ (default: --logs)
-    latency_model: str | None = None      # time the logs with this model's profile (a what-if; load_inputs)
-    max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # larger logs: a seeded window of this many positions
 
 
 @dataclass
@@ -110,35 +93,6 @@ class TuneConfig(ServingLogsConfig):
     progress: bool = True                 # progress bar of the Ray chunks
     context_bins: int = 0                 # > 1: also answer whether splitting by context pays (context_axis.py)
     context_min_gain: float = 1.01        # the context split pays at this gain over one shape at some B
-
-
-def log_source(cfg, split: str | None = None, progress: bool = False) -> LogSource:
-    """The logs a tune / serve-eval / train-load config selects (its split unless `split`), every width."""
-    return LogSource(cfg.logs, model=cfg.model, temperature=cfg.temperature, datasets=cfg.dataset,
-                     split=split or cfg.split, widths="all", dtype=cfg.dtype, progress=progress)
-
-
-def load_inputs(cfg, split: str | None = None, seed: int = 0, window_note: bool = True):
-    """(logs of the split, every width, the latency model of the logs' dtype) for a tune / serve-eval /
-    train-load config: the whole split, or a window of cfg.max_positions_in_memory positions drawn with
-    `seed` when it is larger (simulator.logs.stream.LogSource.sample; its note printed unless not
-    window_note: tune --ray reads every position and uses the window only for the candidates)."""
-    src = log_source(cfg, split)
-    logs = src.sample(cfg.max_positions_in_memory, seed=seed)
-    for note in logs.notes[len(src.notes):] if window_note else ():   # the window's (stderr: --json stays one object)
-        print("note: " + note, file=sys.stderr)
-    what_if = getattr(cfg, "latency_model", None)
-    # a what-if times the logs with another model's profile, in that profile's own dtype
-    lat = LatencyModel.from_logs(cfg.latency or cfg.logs, model=what_if or logs.model, profile=cfg.profile,
-                                 dtype=None if what_if else logs.dtype, trust=True)
-    if what_if:
-        lat.meta["what_if"] = (f"what-if: the acceptance of {logs.model} ({logs.dtype} logs) with the step costs of "
-                               f"{lat.meta.get('model_id')}'s profile {lat.meta.get('profile_id')} "
-                               f"({lat.meta.get('device')}): the mechanics, not that model's figures")
-    for key in ("trust_note", "what_if"):      # stderr: a --json stdout stays one object
-        if lat.meta.get(key):
-            print("note: " + lat.meta[key], file=sys.stderr)
-    return logs, lat
 
 
 def tune_part(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4) -> dict:
@@ -162,7 +116,7 @@ def _pool(parts: list[dict], bs: list[int]) -> dict[int, dict]:
 
 
 def _best(row: dict) -> int:
-    return int(np.argmax(M.tokens_per_s(row["tokens"], row["time"])))
+    return int(np.argmax(metrics.tokens_per_s(row["tokens"], row["time"])))
 
 
 def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_batch: int | None = None,
@@ -172,7 +126,7 @@ def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_bat
     measure(bs) -> the parts' `tune_part` sums at batch sizes bs, pooled (module docstring; default
     one part, `logs` itself; --ray: one per chunk). refine: bisect between neighbours whose best
     shapes differ; the B's it added are "refined" (n counts them too)."""
-    shapes = [S.canonical(s) for s in shapes]
+    shapes = [step_shape.canonical(s) for s in shapes]
     if measure is None:
         measure = lambda b: [tune_part(logs, latency, b, shapes, requests_per_slot)]
     bs = sorted({int(b) for b in batch_sizes})
@@ -186,15 +140,15 @@ def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_bat
         rows.update(_pool(measure(mids), mids))
     bs_all = sorted(rows)
     tot = {k: np.stack([rows[B][k] for B in bs_all]) for k in SUMS}                    # [n, A] each
-    tps = M.tokens_per_s(tot["tokens"], tot["time"])                                  # [n, A]
+    tps = metrics.tokens_per_s(tot["tokens"], tot["time"])                                  # [n, A]
     best = [shapes[_best(rows[B])] for B in bs_all]
     refined = [B for B in bs_all if B not in bs]
-    tuning = {"batch_sizes": bs_all, "shapes": [S.label(s) for s in shapes], "tokens_per_s": tps.round(6).tolist()}
+    tuning = {"batch_sizes": bs_all, "shapes": [step_shape.label(s) for s in shapes], "tokens_per_s": tps.round(6).tolist()}
     meta = {"split": split, "model": logs.model, "dtype": logs.dtype, "latency_profile": latency.meta.get("profile_id"),
             "device": latency.meta.get("device"), "sequences": n_seq, "chunks": len(parts), "refined": refined}
     sched = Schedule.from_choices(bs_all, best, max_batch=max_batch, tuning=tuning, meta=meta)
     return {"schedule": sched, "batch_sizes": bs_all, "refined": refined, "shapes": shapes, "tokens_per_s": tps,
-            "tau": M.tau(tot["tokens"], tot["row_steps"]), "drafts_per_step": M.drafts_per_step(tot["drafted"], tot["row_steps"]),
+            "tau": metrics.tau(tot["tokens"], tot["row_steps"]), "drafts_per_step": metrics.drafts_per_step(tot["drafted"], tot["row_steps"]),
             "sequences": n_seq}
 
 
@@ -212,15 +166,15 @@ def tune_chunks_on_ray(cfg, latency, batch_sizes, shapes) -> list[dict]:
 
 def summary_rows(res: dict) -> list[dict]:
     """One row per tuned B (refined: added by bisection): best shape, tokens/s, x AR, x second best."""
-    off = res["shapes"].index(S.OFF)
+    off = res["shapes"].index(step_shape.OFF)
     out = []
     for i, B in enumerate(res["batch_sizes"]):
         row = res["tokens_per_s"][i]
         o = np.argsort(-row)
         second = row[o[1]] if len(o) > 1 else np.nan
-        out.append({"batch": B, "refined": B in res.get("refined", ()), "best": S.label(res["shapes"][o[0]]), "tokens_per_s": float(row[o[0]]),
+        out.append({"batch": B, "refined": B in res.get("refined", ()), "best": step_shape.label(res["shapes"][o[0]]), "tokens_per_s": float(row[o[0]]),
                     "tau": float(res["tau"][i, o[0]]), "x_ar": float(row[o[0]] / row[off]),
-                    "second": S.label(res["shapes"][o[1]]) if len(o) > 1 else None,
+                    "second": step_shape.label(res["shapes"][o[1]]) if len(o) > 1 else None,
                     "x_second": float(row[o[0]] / second) if len(o) > 1 else None})
     return out
 
@@ -232,7 +186,7 @@ def headroom(res: dict) -> dict:
     gap = tps.max(1, keepdims=True) / np.maximum(tps, 1e-12)          # [n, A]  best(B) / s at B
     worst = gap.max(0)                                                 # [A]
     a = int(np.argmin(worst))
-    return {"shape": S.label(res["shapes"][a]), "gap": float(worst[a]),
+    return {"shape": step_shape.label(res["shapes"][a]), "gap": float(worst[a]),
             "at_batch": int(res["batch_sizes"][int(np.argmax(gap[:, a]))])}
 
 
@@ -259,19 +213,19 @@ def mix_bound(res: dict, tol: float = 0.002, max_iters: int = 50_000) -> dict:
         span = max(span, float(np.ptp(R[:, s])))
         logw += np.sqrt(np.log(max(n, 2)) / t) / span * R[:, s]         # the mix moves to where s loses most
     bs = res["batch_sizes"]
-    return {"gain": upper, "lower": lower, "static": S.label(res["shapes"][int(np.argmin(best_u @ R))]),
+    return {"gain": upper, "lower": lower, "static": step_shape.label(res["shapes"][int(np.argmin(best_u @ R))]),
             "mix": {int(bs[i]): float(best_u[i]) for i in range(n) if best_u[i] >= 0.01}}
 
 
 def write_table(res: dict, path: Path) -> Path:
-    off = res["shapes"].index(S.OFF)
+    off = res["shapes"].index(step_shape.OFF)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["batch", "shape", "tokens_per_s", "tau", "drafts_per_step", "x_ar"])
         for i, B in enumerate(res["batch_sizes"]):
             for a, s in enumerate(res["shapes"]):
                 tps = res["tokens_per_s"][i, a]
-                w.writerow([B, S.label(s), f"{tps:.6g}", f"{res['tau'][i, a]:.6g}", f"{res['drafts_per_step'][i, a]:.6g}",
+                w.writerow([B, step_shape.label(s), f"{tps:.6g}", f"{res['tau'][i, a]:.6g}", f"{res['drafts_per_step'][i, a]:.6g}",
                             f"{tps / res['tokens_per_s'][i, off]:.6g}"])
     return path
 
@@ -283,19 +237,19 @@ def plot_curves(res: dict, path) -> None:
     import matplotlib.pyplot as plt
 
     bs, tps = res["batch_sizes"], res["tokens_per_s"]
-    off = res["shapes"].index(S.OFF)
+    off = res["shapes"].index(step_shape.OFF)
     ratio = tps / tps[:, [off]]
-    show = [a for a, s in enumerate(res["shapes"]) if S.is_chain(s)]
-    show += sorted({int(np.argmax(np.where([S.is_chain(s) for s in res["shapes"]], -np.inf, ratio[i])))
+    show = [a for a, s in enumerate(res["shapes"]) if step_shape.is_chain(s)]
+    show += sorted({int(np.argmax(np.where([step_shape.is_chain(s) for s in res["shapes"]], -np.inf, ratio[i])))
                     for i in range(len(bs))} - set(show))
     fig, ax = plt.subplots(figsize=(7, 4))
-    chains = [a for a in show if S.is_chain(res["shapes"][a])]
+    chains = [a for a in show if step_shape.is_chain(res["shapes"][a])]
     for i, a in enumerate(show):
         s = res["shapes"][a]
-        if S.is_chain(s):                      # chains: thin, shades of one colour map; trees: bold, dashed
-            ax.plot(bs, ratio[:, a], ".-", lw=1, color=plt.cm.viridis(i / max(len(chains), 1)), label=S.label(s))
+        if step_shape.is_chain(s):                      # chains: thin, shades of one colour map; trees: bold, dashed
+            ax.plot(bs, ratio[:, a], ".-", lw=1, color=plt.cm.viridis(i / max(len(chains), 1)), label=step_shape.label(s))
         else:
-            ax.plot(bs, ratio[:, a], "o--", lw=2, color=plt.cm.tab10(i - len(chains)), label=S.label(s))
+            ax.plot(bs, ratio[:, a], "o--", lw=2, color=plt.cm.tab10(i - len(chains)), label=step_shape.label(s))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size B")
     ax.set_ylabel("tokens/s / AR at the same B")
@@ -305,21 +259,6 @@ def plot_curves(res: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def profiled_candidates(logs, latency, which: str = "all") -> tuple[list, str | None]:
-    """shapes.candidates, less the shapes whose V or W lies beyond the profile's measured range: the
-    latency model holds time flat there (simulator/latency/surface.py), so a V = 240 tree would cost
-    what the largest profiled V costs and win on paper. Returns (shapes, a note naming what was left
-    out, or None)."""
-    cands = S.candidates(logs, which)
-    v_max = float(np.max(latency.verify.points["x"]))
-    w_max = float(np.max(latency.draft.points["x"]))
-    keep = [s for s in cands if s[2] <= v_max and s[1] <= w_max]
-    dropped = len(cands) - len(keep)
-    note = (f"left out {dropped} shapes with V > {v_max:g} or W > {w_max:g}, beyond the latency profile's "
-            f"measured range (profile larger --verify-sizes / --widths to tune them)") if dropped else None
-    return keep, note
 
 
 def run_tune_command(cfg: TuneConfig) -> int:

@@ -162,11 +162,11 @@ def resolve_verify_size(cfg: PolicyTrainConfig, data: "TrainData", default: int)
 
 
 def reference_speeds(logs: ReplayLogs, lat: LatencyModel) -> dict:
-    from simulator import baselines as B
+    from simulator import baselines
     from simulator.replay import autoregressive
 
     return {"ar": autoregressive(logs, lat).summary()["tokens_per_s"],
-            "static": replay_tokens_per_s(B.StaticPolicy(*B.default_static(logs)), logs, lat)}
+            "static": replay_tokens_per_s(baselines.StaticPolicy(*baselines.default_static(logs)), logs, lat)}
 
 
 def logs_info(data: TrainData, root) -> dict:

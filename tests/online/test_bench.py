@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from online.bench import fidelity as F
+from online.bench import fidelity
 from online.bench.__main__ import BenchConfig, run
 from online.cli import build_parser
 
@@ -59,9 +59,9 @@ def _args(**kw):
 def test_fidelity_commands_parse():
     """The fidelity benchmark (online/bench/fidelity.py): every command it runs parses with the real CLI
     (a real run takes 25-30 min: BENCHMARKS.md; the commands themselves are tested where they live)."""
-    cmds = F.commands(_args(), "float32", Path("/tmp/x"))
+    cmds = fidelity.commands(_args(), "float32", Path("/tmp/x"))
     assert list(cmds)[:4] == ["collect mt-bench train", "collect mt-bench test", "collect humaneval train",
-                              "collect humaneval test"] and set(F.SETTINGS) < set(cmds)
+                              "collect humaneval test"] and set(fidelity.SETTINGS) < set(cmds)
     parser = build_parser()
     for name, argv in cmds.items():
         ns = parser.parse_args(argv)
@@ -72,8 +72,8 @@ def test_fidelity_commands_parse():
 
 
 def test_fidelity_poisson_trace():
-    t = F.poisson_trace(200, 2.0, seed=3)
-    assert t[0] == 0.0 and all(b >= a for a, b in zip(t, t[1:])) and t == F.poisson_trace(200, 2.0, seed=3)
+    t = fidelity.poisson_trace(200, 2.0, seed=3)
+    assert t[0] == 0.0 and all(b >= a for a, b in zip(t, t[1:])) and t == fidelity.poisson_trace(200, 2.0, seed=3)
     assert 199 / t[-1] == pytest.approx(2.0, rel=0.2)
 
 
@@ -87,16 +87,16 @@ def test_fidelity_rows_read_the_reports_errors():
                                                           "chain:2": {"replay_rel_error": None}}}}}}
     load = {"config": {"datasets": ["mt-bench"]}, "rows": [{"name": "AR", "replay_rel_error": {"tokens_per_s": -0.2},
                                                             "cost_rel_error": -0.1}, {"name": "x", "replay_rel_error": None}]}
-    rows = F.b1_rows(b1) + F.batch_rows(batch) + F.load_rows(load)
+    rows = fidelity.b1_rows(b1) + fidelity.batch_rows(batch) + fidelity.load_rows(load)
     assert [(r["setting"], r["method"], r["raw"], r["own_text"], r["clock"]) for r in rows] == [
         ("B = 1", "ar", -0.03, None, None), ("B = 1", "static", 0.12, -0.01, 0.02), ("B = 4", "ar", 0.05, None, 0.04),
         ("load", "AR", -0.2, None, -0.1)]
-    s = F.summary(rows)
+    s = fidelity.summary(rows)
     assert s["rows"] == 4 and s["max_abs"] == pytest.approx(0.2) and s["within_10pct"] == 2
     assert s["mean_abs"] == pytest.approx((0.03 + 0.12 + 0.05 + 0.2) / 4)
     run = {"dtype": "float32", "environment": {"cpu_model": "cpu"}, "rows": rows, "summary": s, "commands": [],
-           "by_setting": {"B = 1": F.summary(rows[:2])}}
-    md = F.tables({"date": "d", "runs": [run]})
+           "by_setting": {"B = 1": fidelity.summary(rows[:2])}}
+    md = fidelity.tables({"date": "d", "runs": [run]})
     assert "| B = 1 | mt-bench | static | +12.0% | -1.0% | +2.0% |" in md and "4 rows, mean |raw error| 10.0 %" in md
 
 
@@ -113,10 +113,10 @@ def test_fidelity_repeatability_sets_two_runs_side_by_side(tmp_path):
     (tmp_path / "a" / "load").mkdir()
     (tmp_path / "a" / "load" / "report.json").write_text(json.dumps({"config": {"datasets": ["x"]}, "rows": [
         {"name": "AR", "tokens_per_s": 50.0, "replay_rel_error": {"tokens_per_s": 0.1}}]}))
-    rep = F.repeatability(tmp_path / "a", tmp_path / "b")
+    rep = fidelity.repeatability(tmp_path / "a", tmp_path / "b")
     assert [(r["method"], round(r["real_rel"], 4)) for r in rep["rows"]] == [("ar", 0.08), ("chain:2", -0.25)]
     s = rep["by_setting"]["B = 4"]
     assert s["rows"] == 2 and s["real_mean_abs"] == pytest.approx(0.165) and s["real_within_10pct"] == 1
     assert s["replay_mean_abs"] == pytest.approx(0.03) and "load" not in rep["by_setting"]
-    assert "| B = 4 | 2 | 16.5 % | 25.0 % | 1 | 3.0 % |" in F.repeatability_table(rep)
-    assert F.main(["--repeatability", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
+    assert "| B = 4 | 2 | 16.5 % | 25.0 % | 1 | 3.0 % |" in fidelity.repeatability_table(rep)
+    assert fidelity.main(["--repeatability", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2

@@ -25,8 +25,8 @@ from simulator.observations.paper import ltd_depth_obs_dim, ltd_size_obs_dim
 from simulator.methods.checkpoint import save_policy
 from simulator.policies.nets import build_net
 from simulator.methods.resps.serving_policy import LoadAwarePolicy
-from simulator.serving import observations as O
-from simulator.serving import shapes as S
+from simulator.serving import observations
+from pipeline.decode import step_shape
 from simulator.serving.choosers.base import GreedyOracle
 from simulator.serving.choosers.learned import LearnedChooser
 from simulator.train.ppo import mlp_spec
@@ -35,11 +35,11 @@ from tests.pipeline.decode.test_batch_cli import batch_logs  # noqa: F401 (pytes
 
 VOCAB, EOS, MAX_NEW = 6, 4, 20
 LENGTHS = (3, 9, 1, 17, 5, 12, 7)
-SHAPES = [S.OFF, S.chain(1), S.chain(3), S.canonical((3, 4, 10))]
+SHAPES = [step_shape.OFF, step_shape.chain(1), step_shape.chain(3), step_shape.canonical((3, 4, 10))]
 
 
-def _spec(k: int = 1, max_batch: int = 4) -> O.LoadObsSpec:
-    return O.LoadObsSpec(max_batch=max_batch, confidence_depth=k, probe_width=1)
+def _spec(k: int = 1, max_batch: int = 4) -> observations.LoadObsSpec:
+    return observations.LoadObsSpec(max_batch=max_batch, confidence_depth=k, probe_width=1)
 
 
 class _Cycling:
@@ -47,8 +47,8 @@ class _Cycling:
     at every decision); records each observation it is asked about."""
     serving = True
 
-    def __init__(self, hold: int, spec: O.LoadObsSpec):
-        self.shapes, self.hold, self.obs_spec, self.name = [S.label(s) for s in SHAPES], hold, spec.to_json(), "cycling"
+    def __init__(self, hold: int, spec: observations.LoadObsSpec):
+        self.shapes, self.hold, self.obs_spec, self.name = [step_shape.label(s) for s in SHAPES], hold, spec.to_json(), "cycling"
         self.seen, self.i = [], 0
 
     def reset(self, n_envs=1, seed=0):
@@ -61,11 +61,11 @@ class _Cycling:
         return np.array([a])
 
 
-def _mlp_policy(hold: int, spec: O.LoadObsSpec) -> LoadAwarePolicy:
+def _mlp_policy(hold: int, spec: observations.LoadObsSpec) -> LoadAwarePolicy:
     """The real class over a seeded random MLP."""
     torch.manual_seed(0)
     net = build_net(mlp_spec(spec.dim, (8,), len(SHAPES), obs_norm=False)).eval()
-    return LoadAwarePolicy(net, [S.label(s) for s in SHAPES], hold=hold, obs=spec.to_json(), name="mlp")
+    return LoadAwarePolicy(net, [step_shape.label(s) for s in SHAPES], hold=hold, obs=spec.to_json(), name="mlp")
 
 
 class _Recording(ChooserController):
@@ -116,7 +116,7 @@ def test_learned_chooser_on_the_engine(tiny, B, hold, k):
     dec = np.arange(n) % hold == 0
     assert ctl.asked == (dec if k else np.zeros(n, bool)).tolist()
     assert len(pol.seen) == dec.sum() == -(-n // hold)
-    ran = [S.canonical((s.depth, s.width, s.verify_size)) for s in res.steps]
+    ran = [step_shape.canonical((s.depth, s.width, s.verify_size)) for s in res.steps]
     assert ran == [SHAPES[(i // hold) % len(SHAPES)] for i in range(n)]
     assert sum(s.accepted_sum for s in res.steps) > 0
     ema, has = 0.0, False
@@ -125,7 +125,7 @@ def test_learned_chooser_on_the_engine(tiny, B, hold, k):
         if dec[i]:
             prev = res.steps[i - 1] if i else None
             conf = ctl.conf[i].numpy() if k else np.zeros(s.batch_size, np.float32)
-            want = O.step_obs(spec, _logs_holding(conf), np.arange(s.batch_size), s.context_lens, s.queued, ema, has,
+            want = observations.step_obs(spec, _logs_holding(conf), np.arange(s.batch_size), s.context_lens, s.queued, ema, has,
                               prev.depth if prev else 0, prev.verify_size if prev else 1)
             assert pol.seen[j].dtype == np.float32 and np.array_equal(pol.seen[j], want), i
             if k:
@@ -133,7 +133,7 @@ def test_learned_chooser_on_the_engine(tiny, B, hold, k):
                 assert pol.seen[j][0, 7] == pytest.approx(conf.mean(), rel=1e-5)     # the batch's mean s(1)
                 assert pol.seen[j][0, 8] == pytest.approx(conf.min(), rel=1e-5)      # and its min
             j += 1
-        e, h = O.ema_update(spec, ema, has, s.depth > 0, float(np.mean(s.accepted)))
+        e, h = observations.ema_update(spec, ema, has, s.depth > 0, float(np.mean(s.accepted)))
         ema, has = float(e), bool(h)
 
 
@@ -147,7 +147,7 @@ def test_a_real_load_aware_policy_on_the_engine(tiny):
     assert [r.output_ids for r in res] == [a.output_ids for a in ar]
     n = len(res.steps)
     assert ctl.asked == (np.arange(n) % hold == 0).tolist() and ctl.chooser.decisions == -(-n // hold)
-    ran = [S.canonical((s.depth, s.width, s.verify_size)) for s in res.steps]
+    ran = [step_shape.canonical((s.depth, s.width, s.verify_size)) for s in res.steps]
     assert all(ran[i] == ran[i - 1] for i in range(n) if i % hold) and set(ran) <= set(SHAPES)
 
 
@@ -172,7 +172,7 @@ def test_the_adapter_hands_the_replays_observation_the_engines_confidence():
     assert v.confidence.dtype == np.float64 and v.confidence.shape == (3, 1)
     assert np.array_equal(v.confidence[:, 0], conf.double().numpy(), equal_nan=True)
     assert v.left.tolist() == [47, 50, 43] and (v.rows == -1).all()
-    want = O.step_obs(spec, _logs_holding(conf.numpy()), [0, 1, 2], [40, 17, 90], 5, 0.0, False, 0, 1)
+    want = observations.step_obs(spec, _logs_holding(conf.numpy()), [0, 1, 2], [40, 17, 90], 5, 0.0, False, 0, 1)
     assert np.array_equal(pol.seen[0], want)
     assert pol.seen[0][0, 7] == pytest.approx((-0.25 - 20 - 20) / 3) and pol.seen[0][0, 8] == -20.0
     ctl.observe(SimpleNamespace(accepted=[0, 0, 0]))
@@ -199,7 +199,7 @@ def test_deeper_confidences_and_the_oracle_are_refused_on_the_device():
 
 # ------------------------------------------------------------------ draftgym validate --load-trace --policy
 
-CLI_SHAPES = [S.OFF, S.chain(1), S.chain(2), S.canonical((3, 10, 10))]
+CLI_SHAPES = [step_shape.OFF, step_shape.chain(1), step_shape.chain(2), step_shape.canonical((3, 10, 10))]
 
 
 def _checkpoint(path, k: int = 1, max_batch: int = 2, hold: int = 2):
@@ -214,7 +214,7 @@ def _checkpoint(path, k: int = 1, max_batch: int = 2, hold: int = 2):
         net[-1].bias.copy_(torch.tensor([0.0, 0.0, 1.5, 0.0]))
     return save_policy(path, path.name, "resps-load", {"shape": {
         "module": net, "net": net_spec, "obs": spec.to_json(),
-        "action": {"type": "serving_shape", "shapes": [S.label(s) for s in CLI_SHAPES], "hold": hold}}},
+        "action": {"type": "serving_shape", "shapes": [step_shape.label(s) for s in CLI_SHAPES], "hold": hold}}},
         {"max_batch": max_batch})
 
 

@@ -24,7 +24,8 @@ import torch
 
 from pipeline.decode.batch.engine import BatchEngine
 from pipeline.decode.continuations import generate_batch
-from pipeline.decode.controller import StaticController, StepShape
+from pipeline.decode.controller import StaticController
+from pipeline.decode.step_shape import StepShape
 from pipeline.decode.engine import Engine
 from pipeline.models.head import random_head
 from pipeline.decode.lossless import classify

@@ -34,7 +34,8 @@ def diverged(tmp_path_factory):
     from online.validate.batch1 import SimSide
     from pipeline.collect.prompt import CollectConfig
     from pipeline.datasets import PromptRecord
-    from pipeline.decode.controller import EAGLE3_DEFAULT_SHAPE, StaticController
+    from pipeline.decode.controller import StaticController
+    from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
     from pipeline.decode.engine import Engine
     from pipeline.models.head import random_head
     from simulator.latency.model import LatencyModel
@@ -73,7 +74,7 @@ def diverged(tmp_path_factory):
 def test_reanchored_replay_reproduces_the_measured_cycles(diverged):
     from online.validate.reanchor import Reanchored, reanchor_for_validate
     from online.validate.sim_vs_real import sim_vs_real
-    from simulator import baselines as B
+    from simulator import baselines
     from simulator.replay import simulate
 
     eng, head, recs, runs, sim, cfg = diverged
@@ -85,7 +86,7 @@ def test_reanchored_replay_reproduces_the_measured_cycles(diverged):
     # the replay on its own text walks the measured cycles: the same accepted lengths, cycle by cycle
     for name, shape in (("static", (8, 10, 60)), ("grid-best", (4, 10, 10))):
         ev = own.logs.subset(np.isin(own.logs.prompt_id, [own.seq_ids[name][i] for i in range(3)]))
-        res = simulate(B.StaticPolicy(*shape), ev, sim.clock, trace=True)
+        res = simulate(baselines.StaticPolicy(*shape), ev, sim.clock, trace=True)
         for s, pid in enumerate(ev.prompt_id):
             i = next(i for i, x in own.seq_ids[name].items() if x == pid)
             got = res.trace["accepted"][res.trace["seq"] == s].tolist()

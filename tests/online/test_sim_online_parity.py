@@ -10,7 +10,7 @@ from pipeline.collect.prompt import CollectConfig, collect_prompt
 from pipeline.decode.engine import Engine
 from pipeline.errors import DraftGymError
 from pipeline.models.head import random_head
-from simulator import baselines as B
+from simulator import baselines
 from simulator.observations import rich
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import load_logs
@@ -93,8 +93,8 @@ def _policies(logs):
         set_obs_norm(net, ext(o, k, k))
     radar_r = _net({"type": "radar_lstm", "in": rich.obs_dim("radar", "rich", W), "hidden": 8, "mlp_hidden": 8,
                     "out": 2}, 5)      # seeds 5 / 105: the rich variants' D and V vary on these logs
-    return [B.StaticPolicy(5, W, 20), B.DDDPolicy(threshold=ddd_thr, checkpoints=(2, 3, 4), width=W, verify=30, max_depth=DMAX),
-            B.EntropyStopPolicy(theta=theta, width=W, verify=30, max_depth=DMAX), B.GoodputPolicy.fit(logs, LAT, width=W, verify=30),
+    return [baselines.StaticPolicy(5, W, 20), baselines.DDDPolicy(threshold=ddd_thr, checkpoints=(2, 3, 4), width=W, verify=30, max_depth=DMAX),
+            baselines.EntropyStopPolicy(theta=theta, width=W, verify=30, max_depth=DMAX), baselines.GoodputPolicy.fit(logs, LAT, width=W, verify=30),
             LTDPolicy(depth, size, width=W, max_depth=DMAX, size_values=GRID),
             RadarPolicy(radar, width=W, verify_size=30, max_calls=DMAX),
             RespsPolicy(shape, shapes, hold=2, max_depth=DMAX),
@@ -154,7 +154,7 @@ def test_policy_controller_is_a_controller():
     from online.adapters.specs import make_controller
     from pipeline.decode.controller import Controller, StaticController
 
-    ctrl = PolicyController(B.StaticPolicy(2, 3, 4))
+    ctrl = PolicyController(baselines.StaticPolicy(2, 3, 4))
     assert isinstance(ctrl, Controller) and isinstance(ctrl, PolicyController)
     assert type(ctrl) is PolicyController
     assert isinstance(make_controller("ddd"), PolicyController)
@@ -164,7 +164,7 @@ def test_policy_controller_is_a_controller():
 def test_oracle_is_offline_only(collected):
     _, logs, _ = collected
     with pytest.raises(DraftGymError, match="offline only"):
-        PolicyController(B.OraclePolicy(logs, LAT))
+        PolicyController(baselines.OraclePolicy(logs, LAT))
 
 
 def test_numpy_mlp_matches_torch():

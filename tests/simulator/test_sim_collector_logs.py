@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.collect.prompt import CollectConfig
 from pipeline.collect.job import run_collect
-from simulator import baselines as B
+from simulator import baselines
 from simulator.envs.vector import make_replay_env
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import load_logs
@@ -26,7 +26,7 @@ def test_collector_logs_replay(tmp_path, tiny_model_dir, temperature):
     logs = load_logs(tmp_path, widths="all")
     assert logs.widths == (2, 3) and logs.width == 2 and logs.max_depth == 4 and logs.n_sequences == 2
     assert logs.temperature == temperature
-    res = simulate(B.StaticPolicy(3, 3, 20), logs, LAT, trace=True)
+    res = simulate(baselines.StaticPolicy(3, 3, 20), logs, LAT, trace=True)
     for s in range(logs.n_sequences):
         m = res.trace["seq"] == s
         walk = replay_static(logs.w[3].acceptance[logs.rows_of(s)], int(logs.new_tokens[s]), 3, 20, GRID)
@@ -42,7 +42,7 @@ def test_collector_logs_replay(tmp_path, tiny_model_dir, temperature):
             assert np.isfinite(r).all()
     else:
         assert dist is None
-    best = simulate(B.OraclePolicy(logs, LAT), logs, LAT)
+    best = simulate(baselines.OraclePolicy(logs, LAT), logs, LAT)
     assert (best.time <= res.time + 1e-12).all()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator import baselines as B
+from simulator import baselines
 from simulator.envs.vector import EnvConfig, make_replay_env, make_replay_gym_env, resps_shapes
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import load_logs
@@ -23,7 +23,7 @@ T_STATIC = 8 * 0.01 + (0.1 + 0.060) + 0.005              # one (8, 10, 60) cycle
 
 def test_static_default_hand_trace(hand_root):
     logs = load_logs(hand_root)
-    res = simulate(B.StaticPolicy(8, 10, 60), logs, LAT, trace=True)
+    res = simulate(baselines.StaticPolicy(8, 10, 60), logs, LAT, trace=True)
     tr = res.trace
     for s, pid in enumerate(logs.prompt_id):
         m = tr["seq"] == s
@@ -136,9 +136,9 @@ def _policies(logs, lat):
     torch.manual_seed(0)
     radar = build_net({"type": "radar_lstm", "in": 10, "hidden": 16, "mlp_hidden": 16, "out": 2}).eval()
     shapes = resps_shapes(logs)
-    return [B.StaticPolicy(8, 10, 60), B.StaticPolicy(3, 8, 10), B.StaticPolicy(12, 10, 240), B.StaticPolicy(1, 10, 2),
-            B.DDDPolicy(), B.DDDPolicy(threshold=-3.0), B.EntropyStopPolicy(), B.GoodputPolicy.fit(logs, lat),
-            B.RandomShapePolicy(logs, seed=1), B.OraclePolicy(logs, lat, "depth"),
+    return [baselines.StaticPolicy(8, 10, 60), baselines.StaticPolicy(3, 8, 10), baselines.StaticPolicy(12, 10, 240), baselines.StaticPolicy(1, 10, 2),
+            baselines.DDDPolicy(), baselines.DDDPolicy(threshold=-3.0), baselines.EntropyStopPolicy(), baselines.GoodputPolicy.fit(logs, lat),
+            baselines.RandomShapePolicy(logs, seed=1), baselines.OraclePolicy(logs, lat, "depth"),
             LTDPolicy(_random_mlp(ltd_depth_obs_dim(10), 2), _random_mlp(ltd_size_obs_dim(10), 12, seed=1)),
             LTDPolicy(None, _random_mlp(ltd_size_obs_dim(10), 12, seed=2), sample=True),
             RadarPolicy(radar), RespsPolicy(_random_mlp(RESPS_DIM, len(shapes)), shapes, hold=3)]
@@ -146,7 +146,7 @@ def _policies(logs, lat):
 
 def test_oracle_bounds_every_policy_on_every_sequence(syn):
     logs, lat = syn
-    oracle = B.OraclePolicy(logs, lat)
+    oracle = baselines.OraclePolicy(logs, lat)
     best = simulate(oracle, logs, lat)
     assert best.time == pytest.approx(oracle.dp["best_time"], rel=1e-12)   # the DP value is what replay gives
     for pol in _policies(logs, lat):
@@ -155,22 +155,22 @@ def test_oracle_bounds_every_policy_on_every_sequence(syn):
         slack = res.time - best.time
         assert (slack >= -1e-12 * best.time).all(), f"{pol.name} beats the oracle on sequence {np.argmin(slack)}"
     # the depth-space oracle is bounded by the full one and bounds DDD (same space)
-    depth = simulate(B.OraclePolicy(logs, lat, "depth"), logs, lat)
-    ddd = simulate(B.DDDPolicy(), logs, lat)
+    depth = simulate(baselines.OraclePolicy(logs, lat, "depth"), logs, lat)
+    ddd = simulate(baselines.DDDPolicy(), logs, lat)
     assert (depth.time >= best.time - 1e-12).all() and (ddd.time >= depth.time - 1e-12).all()
 
 
 def test_static_grid_matches_simulate(syn):
     logs, lat = syn
     cfgs = [(8, 10, 60), (3, 8, 10), (5, 10, 130)]
-    r = B.simulate_static(logs, lat, cfgs)
+    r = baselines.simulate_static(logs, lat, cfgs)
     for a, c in enumerate(cfgs):
-        s = simulate(B.StaticPolicy(*c), logs, lat)
+        s = simulate(baselines.StaticPolicy(*c), logs, lat)
         assert r["time"][:, a] == pytest.approx(s.time, rel=1e-12)
         assert (r["cycles"][:, a] == s.cycles).all()
-    gs = B.grid_search(logs, lat)
+    gs = baselines.grid_search(logs, lat)
     assert set(gs["by_dataset"]) == {"all", *logs.datasets}
-    assert gs["tokens_per_s"].shape == (logs.n_sequences, len(B.static_space(logs)))
+    assert gs["tokens_per_s"].shape == (logs.n_sequences, len(baselines.static_space(logs)))
 
 
 @pytest.mark.parametrize("mode", ["depth", "size", "shape", "radar"])
@@ -195,7 +195,7 @@ def test_env_determinism(syn, mode):
 
 def test_random_policy_seeded(syn):
     logs, lat = syn
-    pol = B.RandomShapePolicy(logs, seed=0)
+    pol = baselines.RandomShapePolicy(logs, seed=0)
     t1, t2 = (simulate(pol, logs, lat, seed=5).time for _ in range(2))
     assert np.array_equal(t1, t2)
     assert not np.array_equal(t1, simulate(pol, logs, lat, seed=6).time)

@@ -60,7 +60,7 @@ def test_resps_tiny(syn_root, tmp_path):
 
 def test_wide_action_space(syn_root, tmp_path, capsys):
     """--action-space wide: small trees join the seeds' sets, and the checkpoints carry them."""
-    from simulator.observations import paper as O
+    from simulator.observations import paper
     from simulator.envs.vector import resps_shapes
 
     data = load_training_data(syn_root, widths="all")
@@ -68,7 +68,7 @@ def test_wide_action_space(syn_root, tmp_path, capsys):
     assert seeds[:, 1].min() >= 3 and (seeds[:, 0] >= 30).all()     # 32 snaps to the logged 30
     assert wide[:, 1].min() == 1 and 2 in wide[:, 0] and len(wide) > len(seeds)
     assert all(v <= 1 + w + (d - 1) * w * w for v, d, w in wide.tolist())
-    assert O.size_actions("wide", data.train.verify_grid)[0] == 2 and O.size_actions("seeds") == O.SIZE_ACTIONS
+    assert paper.size_actions("wide", data.train.verify_grid)[0] == 2 and paper.size_actions("seeds") == paper.SIZE_ACTIONS
     out = tmp_path / "ltd-wide"
     assert main(["train", "--method", "ltd", "--logs", str(syn_root), "--out", str(out), "--steps", "512",
                  "--iters", "0", "--n-envs", "32", "--action-space", "wide", "--no-progress", "--json"]) == 0

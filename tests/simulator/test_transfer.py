@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from online.cli import main
-from simulator import baselines as B
+from simulator import baselines
 from simulator.methods.checkpoint import load_checkpoint
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import load_logs
@@ -44,7 +44,7 @@ def test_transfer_2x2(two_profiles, tmp_path, capsys):
     v = simulate(load_checkpoint(out / "policy-synthetic-gpu"), test, lat).summary()["tokens_per_s"]
     cell = res["cells"]["id:synthetic-gpu|id:synthetic-cpu"]
     assert cell["tokens_per_s"] == pytest.approx(v)
-    best = simulate(B.StaticPolicy(*gb["id:synthetic-cpu"]), test, lat).summary()["tokens_per_s"]
+    best = simulate(baselines.StaticPolicy(*gb["id:synthetic-cpu"]), test, lat).summary()["tokens_per_s"]
     assert cell["vs_grid_best"] == pytest.approx(v / best)
     # a re-run reuses both finished policies (resumable); other training flags retrain
     stamp = (out / "policy-synthetic-gpu" / "training.json").stat().st_mtime_ns

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from pipeline import metrics as M
+from pipeline import metrics
 from pipeline.decode.controller import CycleRecord, StepRecord
 
 
@@ -19,7 +19,7 @@ class Generated:
 
     @property
     def tau(self) -> float | None:
-        return M.tau_of_cycles(self.cycles)
+        return metrics.tau_of_cycles(self.cycles)
 
 
 @dataclass

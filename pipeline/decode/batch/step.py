@@ -25,7 +25,7 @@ import torch
 from pipeline.decode.batch.kv import BatchState
 from pipeline.decode.batch.verify import (TreeBatch, accept_greedy_batch, commit_order, emitted_tokens, root_trees,
                                           select_trees, verify_forward)
-from pipeline.decode.controller import StepShape
+from pipeline.decode.step_shape import StepShape
 from pipeline.decode.draft import expand_tree
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.decode.step_shape import pool_size
 from simulator.observations import paper as obs
 from simulator.observations import rich
 from simulator.policies.nets import NumpyMLP, torch_logits
@@ -103,6 +104,6 @@ class LTDPolicy(Policy):
             o = rich.with_extra(o, self.hist.features(pool.env))
         if len(o) == 1:                  # batch 1: numpy, reading only the drafted levels' weight rows
             D = min(int(np.asarray(pool.depth).ravel()[0]), self.max_depth)
-            logits = self._size_mlp()(o[0], live=self.width + (D - 1) * self.width * self.width)
+            logits = self._size_mlp()(o[0], live=pool_size(D, self.width))
             return self.size_values[choose_action(logits[None], self.sample, self.rng)]
         return self.size_values[choose_action(torch_logits(self.size_net, o), self.sample, self.rng)]

@@ -31,7 +31,8 @@ import numpy as np
 
 from pipeline.errors import DataError, DraftGymError
 from simulator.methods.ltd.serving_policy import METHOD, LTDLoadPolicy, size_input
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import lookup_verify
 from simulator.train.ppo import clipped_loss, mlp_spec, update
 
 
@@ -68,7 +69,7 @@ def verify_grid(logs, cfg: LTDLoadConfig) -> list[int]:
         if not vs or vs[0] < 2:
             raise DraftGymError(f"ltd verify_sizes must be >= 2, got {cfg.verify_sizes!r}")
         return vs
-    full = 1 + S.pool(cfg.max_depth, cfg.width)               # V verifying every draft of the deepest shape
+    full = 1 + step_shape.pool_size(cfg.max_depth, cfg.width)               # V verifying every draft of the deepest shape
     grid = sorted(int(v) for v in logs.verify_grid if v >= 2)
     out = [v for v in grid if v < full] + [v for v in grid if v >= full][:1]
     return out or [full]
@@ -79,17 +80,17 @@ def action_shapes(logs, cfg: LTDLoadConfig) -> list:
     naming the first the logs cannot replay."""
     if cfg.max_depth < 1:
         raise DataError(f"ltd max_depth must be >= 1, got {cfg.max_depth}")
-    out = list(dict.fromkeys(S.canonical((d, cfg.width, v)) for d in range(cfg.max_depth + 1)
+    out = list(dict.fromkeys(step_shape.canonical((d, cfg.width, v)) for d in range(cfg.max_depth + 1)
                              for v in verify_grid(logs, cfg)))
     for s in out:
-        S.lookup_verify(logs, s)                              # DataError: depth, width or V not logged
+        lookup_verify(logs, s)                              # DataError: depth, width or V not logged
     return out
 
 
 def decision_index(shapes, width: int, max_depth: int, verify_sizes) -> np.ndarray:
     """[Dmax + 1, len(verify_sizes)]: index[D, j] = the position of canonical(D, W, V_j) in `shapes`."""
-    pos = {S.canonical(s): i for i, s in enumerate(shapes)}
-    return np.array([[pos[S.canonical((d, width, v))] for v in verify_sizes] for d in range(max_depth + 1)], np.int64)
+    pos = {step_shape.canonical(s): i for i, s in enumerate(shapes)}
+    return np.array([[pos[step_shape.canonical((d, width, v))] for v in verify_sizes] for d in range(max_depth + 1)], np.int64)
 
 
 def components(policy: LTDLoadPolicy, cfg: LTDLoadConfig) -> tuple[dict, dict]:

@@ -31,7 +31,8 @@ import numpy as np
 from pipeline.errors import DataError, DraftGymError
 from simulator.policies.base import CONTINUE, STOP
 from simulator.methods.radar.serving_policy import EXTRA_INPUTS, METHOD, RadarLoadPolicy, level_inputs, stop_depth
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import lookup_verify
 from simulator.train.ppo import mlp_spec
 
 
@@ -60,7 +61,7 @@ def verify_sizes(cfg: RadarLoadConfig) -> list[int]:
     if cfg.max_depth < 1:
         raise DataError(f"radar max_depth must be >= 1, got {cfg.max_depth}")
     if cfg.verify == "pool":
-        return [1 + S.pool(d, cfg.width) for d in range(1, cfg.max_depth + 1)]
+        return [1 + step_shape.pool_size(d, cfg.width) for d in range(1, cfg.max_depth + 1)]
     try:
         vs = [int(v) for v in cfg.verify.split(",")]
     except ValueError:
@@ -72,9 +73,9 @@ def verify_sizes(cfg: RadarLoadConfig) -> list[int]:
 
 def action_shapes(logs, cfg: RadarLoadConfig) -> list:
     """[off, shape(1), .., shape(Dmax)]: index = D; a DataError naming the first the logs cannot replay."""
-    out = [S.OFF] + [S.canonical((d, cfg.width, v)) for d, v in enumerate(verify_sizes(cfg), 1)]
+    out = [step_shape.OFF] + [step_shape.canonical((d, cfg.width, v)) for d, v in enumerate(verify_sizes(cfg), 1)]
     for s in out:
-        S.lookup_verify(logs, s)                              # DataError: depth, width or V not logged
+        lookup_verify(logs, s)                              # DataError: depth, width or V not logged
     return out
 
 

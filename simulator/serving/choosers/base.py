@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.serving.shapes import OFF, canonical, chain, label
+from pipeline.decode.step_shape import canonical, chain, label, OFF
 
 
 @dataclass

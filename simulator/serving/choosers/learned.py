@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import DraftGymError
-from simulator.serving import observations as O
+from simulator.serving import observations
 from simulator.serving.choosers.base import Chooser
-from simulator.serving.shapes import parse
+from pipeline.decode.step_shape import parse
 
 
 class LearnedChooser(Chooser):
@@ -33,7 +33,7 @@ class LearnedChooser(Chooser):
             raise DraftGymError(f"{getattr(policy, 'name', policy)} is not a load-aware serving policy "
                                 f"(train one with `draftgym train-load`)")
         self.policy = policy
-        self.spec = O.LoadObsSpec.from_json(policy.obs_spec)
+        self.spec = observations.LoadObsSpec.from_json(policy.obs_spec)
         self.name = name or f"learned ({policy.name}, hold {policy.hold})"
         self._shapes = [parse(s) for s in policy.shapes]
 
@@ -75,7 +75,7 @@ class LearnedChooser(Chooser):
         if view.confidence is None and logs is None and self.spec.confidence_depth:
             raise DraftGymError(f"{self.name}: no draft confidences for this step and no logs to read them from "
                                 f"(the batched engine measures them only with an EAGLE-3 head)")
-        return O.step_obs(self.spec, logs, view.rows, view.context_len, view.queued, self.ema,
+        return observations.step_obs(self.spec, logs, view.rows, view.context_len, view.queued, self.ema,
                           self.has_ema, self.prev_depth, self.prev_verify, conf=view.confidence)
 
     def choose(self, view):
@@ -91,10 +91,10 @@ class LearnedChooser(Chooser):
         if not self.decided:
             return 0.0
         t = self.table
-        return float(O.decision_cost(self.spec, self.latency, t.depth[a], t.width[a], view.batch,
+        return float(observations.decision_cost(self.spec, self.latency, t.depth[a], t.width[a], view.batch,
                                      self.latency.step_context(view.context_len)))
 
     def observe(self, view, a, accepted):
-        ema, has = O.ema_update(self.spec, self.ema, self.has_ema, self.table.depth[a] > 0, float(np.mean(accepted)))
+        ema, has = observations.ema_update(self.spec, self.ema, self.has_ema, self.table.depth[a] > 0, float(np.mean(accepted)))
         self.ema, self.has_ema = float(ema), bool(has)
         self.prev_depth, self.prev_verify = int(self.table.depth[a]), int(self.table.verify[a])

@@ -41,7 +41,7 @@ import numpy as np
 
 from pipeline.errors import DraftGymError
 from simulator.serving.choosers.base import Chooser, StepView
-from simulator.serving.shapes import chain
+from pipeline.decode.step_shape import chain
 
 
 class Nightjar(Chooser):

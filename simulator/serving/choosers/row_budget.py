@@ -54,7 +54,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import DataError
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import lookup_verify
 from simulator.serving.choosers.base import RowChooser, best_budget, draft_logprobs, keep_best
 
 FEATURES = ("draft_logprob", "running_logprob", "log1p_context_k")
@@ -81,7 +82,7 @@ def chain_features(logs, rows: np.ndarray, K: int) -> np.ndarray:
 
 def chain_acceptance(logs, rows: np.ndarray, K: int) -> np.ndarray:
     """[n] L of the chain of K at each row (width-1 logs)."""
-    col = logs.grid_index(np.array([S.lookup_verify(logs, S.chain(K))]))[0]
+    col = logs.grid_index(np.array([lookup_verify(logs, step_shape.chain(K))]))[0]
     return logs.w[1].acceptance[rows, K - 1, col].astype(np.int64)
 
 

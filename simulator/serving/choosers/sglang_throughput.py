@@ -37,7 +37,7 @@ import numpy as np
 
 from pipeline.errors import DataError, DraftGymError
 from simulator.serving.choosers.base import Chooser
-from simulator.serving.shapes import chain
+from pipeline.decode.step_shape import chain
 
 # the example of its module docstring (no tiers are stored in its code)
 DEFAULT_CONFIG = {"strategy": "throughput_aware", "window_size": 20, "update_interval": 10,

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import DataError, DraftGymError
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
 from simulator.serving.schedule import Schedule, is_off_everywhere
 from simulator.serving.choosers.sglang_adaptive import parse_config
 from simulator.serving.choosers.sglang_throughput import parse_tiers
@@ -100,8 +100,8 @@ def check_sglang_static(d: int, w: int, v: int) -> list[str]:
     """SGLang's rules for the three static flags; returns notes (rules the server does not enforce)."""
     if d < 1 or w < 1 or v < 2:
         raise DataError(f"SGLang: num_steps >= 1, topk >= 1 and num_draft_tokens >= 2, got {d}, {w}, {v}")
-    if v - 1 > S.pool(d, w):
-        raise DataError(f"SGLang: num_draft_tokens - 1 = {v - 1} exceeds the draft pool of {S.pool(d, w)}")
+    if v - 1 > step_shape.pool_size(d, w):
+        raise DataError(f"SGLang: num_draft_tokens - 1 = {v - 1} exceeds the draft pool of {step_shape.pool_size(d, w)}")
     if w == 1 and v != d + 1:
         raise DataError(f"SGLang: with topk = 1, num_draft_tokens must be num_steps + 1 = {d + 1}, got {v}")
     if d * w + 1 < v:
@@ -124,17 +124,17 @@ def check_sglang_throughput(obj: dict) -> None:
 def one_draft(shape) -> bool:
     """A depth-1 tree that verifies one draft, (1, W, 2): one draft forward, its top-1 token verified,
     which is what chain 1 runs whatever W (the other W - 1 candidates are dropped before the verify)."""
-    d, _, v = S.canonical(shape)
+    d, _, v = step_shape.canonical(shape)
     return d == 1 and v == 2
 
 
 def as_chain_one(schedule: Schedule) -> tuple[Schedule, list[str]]:
     """Each (1, W, 2) range of the schedule as chain 1 (one_draft), with a note per shape changed."""
-    notes = sorted({f"{S.label(s)} drafts and verifies one token, as chain 1 does: exported as chain 1"
-                    for _, _, s in schedule.ranges if one_draft(s) and s != S.chain(1)})
+    notes = sorted({f"{step_shape.label(s)} drafts and verifies one token, as chain 1 does: exported as chain 1"
+                    for _, _, s in schedule.ranges if one_draft(s) and s != step_shape.chain(1)})
     if not notes:
         return schedule, []
-    ranges = [(lo, hi, S.chain(1) if one_draft(s) else s) for lo, hi, s in schedule.ranges]
+    ranges = [(lo, hi, step_shape.chain(1) if one_draft(s) else s) for lo, hi, s in schedule.ranges]
     merged = Schedule.from_choices([lo for lo, _, _ in ranges], [s for _, _, s in ranges], max_batch=ranges[-1][1],
                                    tuning=schedule.tuning, meta=schedule.meta)
     return merged, notes
@@ -149,14 +149,14 @@ def expressible(schedule: Schedule, allowed, engine: str, best: bool) -> tuple[S
         return as_chain_one(schedule)
     lo, hi, s = bad[0]
     if not best:
-        raise DataError(f"{engine} cannot run {S.label(s)} (batch {lo}-{hi}): {_why(engine)}; "
+        raise DataError(f"{engine} cannot run {step_shape.label(s)} (batch {lo}-{hi}): {_why(engine)}; "
                         f"--best-expressible exports its best runnable shape instead")
     if not schedule.tuning:
         schedule.best_at(1, allowed)                              # raises: no tuning table
     bs = schedule.tuning["batch_sizes"]
     new = [schedule.shape_for(b) if runs(schedule.shape_for(b)) else schedule.best_at(b, runs) for b in bs]
     out = Schedule.from_choices(bs, new, max_batch=schedule.max_batch, tuning=schedule.tuning, meta=schedule.meta)
-    notes = [f"batch {b}: {S.label(schedule.shape_for(b))} -> {S.label(n)} (best {engine} can run)"
+    notes = [f"batch {b}: {step_shape.label(schedule.shape_for(b))} -> {step_shape.label(n)} (best {engine} can run)"
              for b, n in zip(bs, new) if n != schedule.shape_for(b)]
     out, more = as_chain_one(out)
     return out, notes + more
@@ -171,7 +171,7 @@ def _why(engine: str) -> str:
 
 def drafting_chain(shape) -> bool:
     """A chain of K >= 1 drafts (what SGLang's throughput-aware controller can choose)."""
-    return S.is_chain(shape) and S.canonical(shape)[0] > 0
+    return step_shape.is_chain(shape) and step_shape.canonical(shape)[0] > 0
 
 
 def best_single(schedule: Schedule) -> tuple:
@@ -180,18 +180,18 @@ def best_single(schedule: Schedule) -> tuple:
         raise DataError("this schedule has no tuning table to pick a best single shape from (write it with `draftgym tune`)")
     tps = np.asarray(schedule.tuning["tokens_per_s"], np.float64)              # [n, A]
     score = (tps / tps.max(1, keepdims=True)).mean(0)
-    shapes = [S.parse(s) for s in schedule.tuning["shapes"]]
+    shapes = [step_shape.parse(s) for s in schedule.tuning["shapes"]]
     order = np.argsort(-score)
-    return next((shapes[a] for a in order if shapes[a] != S.OFF), shapes[order[0]])
+    return next((shapes[a] for a in order if shapes[a] != step_shape.OFF), shapes[order[0]])
 
 
 # ------------------------------------------------------------------ writers
 
 def to_vllm(schedule: Schedule, head: str | None, best: bool = False, max_batch: int | None = None) -> tuple[dict, list[str]]:
-    sched, notes = expressible(schedule, S.is_chain, "vLLM", best)
+    sched, notes = expressible(schedule, step_shape.is_chain, "vLLM", best)
     if is_off_everywhere(sched):
         raise DataError("the schedule never speculates: run vLLM without a speculative_config")
-    ranges = [[lo, hi, S.chain_k(s)] for lo, hi, s in sched.ranges]
+    ranges = [[lo, hi, step_shape.chain_k(s)] for lo, hi, s in sched.ranges]
     if max_batch is not None:
         if max_batch < ranges[-1][0]:
             raise DraftGymError(f"--max-batch {max_batch} is below the last range's start {ranges[-1][0]}")
@@ -208,13 +208,13 @@ def to_sglang_static(schedule: Schedule, head: str | None, best: bool = False) -
     if len(shapes) > 1:
         if not best:
             raise DataError(f"SGLang's static flags hold one shape at every batch size; this schedule has "
-                            f"{len(shapes)} ({', '.join(S.label(s) for s in shapes)}): use --format sglang-adaptive "
+                            f"{len(shapes)} ({', '.join(step_shape.label(s) for s in shapes)}): use --format sglang-adaptive "
                             f"(chains) or --best-expressible for the best single shape")
         shape = best_single(schedule)
-        notes.append(f"one shape for every batch size: {S.label(shape)} (best mean tokens/s relative to each tuned B's best)")
+        notes.append(f"one shape for every batch size: {step_shape.label(shape)} (best mean tokens/s relative to each tuned B's best)")
     else:
         shape = shapes[0]
-    if shape == S.OFF:
+    if shape == step_shape.OFF:
         raise DataError("the schedule never speculates: launch SGLang without --speculative-* flags")
     d, w, v = shape
     notes += check_sglang_static(d, w, v)
@@ -225,12 +225,12 @@ def to_sglang_static(schedule: Schedule, head: str | None, best: bool = False) -
 
 def to_sglang_adaptive(schedule: Schedule, head: str | None, best: bool = False,
                        config_path: str = "adaptive.json") -> tuple[dict, list[str], list[str]]:
-    sched, notes = expressible(schedule, S.is_chain, "SGLang adaptive", best)
+    sched, notes = expressible(schedule, step_shape.is_chain, "SGLang adaptive", best)
     if is_off_everywhere(sched):
         raise DataError("the schedule never speculates: launch SGLang without --speculative-* flags")
-    obj = {"strategy": "ema", **{str(lo): {"candidate_steps": [S.chain_k(s)]} for lo, _, s in sched.ranges}}
+    obj = {"strategy": "ema", **{str(lo): {"candidate_steps": [step_shape.chain_k(s)]} for lo, _, s in sched.ranges}}
     check_sglang_adaptive(obj)
-    k = max(S.chain_k(s) for _, _, s in sched.ranges)
+    k = max(step_shape.chain_k(s) for _, _, s in sched.ranges)
     flags = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", head or HEAD_PLACEHOLDER,
              "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens",
              str(k + 1), "--speculative-adaptive", "--speculative-adaptive-config", config_path]
@@ -245,8 +245,8 @@ def _near_best_chains(schedule: Schedule, lo: int, hi: int | None) -> set[int]:
     t = schedule.tuning
     if not t:
         return set()
-    shapes = [S.parse(x) for x in t["shapes"]]
-    chains = [(a, S.chain_k(sh)) for a, sh in enumerate(shapes) if drafting_chain(sh)]
+    shapes = [step_shape.parse(x) for x in t["shapes"]]
+    chains = [(a, step_shape.chain_k(sh)) for a, sh in enumerate(shapes) if drafting_chain(sh)]
     ks = set()
     for b, row in zip(t["batch_sizes"], np.asarray(t["tokens_per_s"], np.float64)):
         if chains and b >= lo and (hi is None or b <= hi):
@@ -262,7 +262,7 @@ def to_sglang_throughput(schedule: Schedule, head: str | None, best: bool = Fals
     sched, notes = expressible(schedule, drafting_chain, "SGLang throughput-aware", best)
     tiers = {}
     for lo, hi, s in sched.ranges:
-        tiers[str(lo)] = {"candidate_steps": sorted({S.chain_k(s)} | _near_best_chains(schedule, lo, hi))}
+        tiers[str(lo)] = {"candidate_steps": sorted({step_shape.chain_k(s)} | _near_best_chains(schedule, lo, hi))}
     obj = {"strategy": "throughput_aware", "window_size": 20, "update_interval": 10, **tiers}
     check_sglang_throughput(obj)
     k = max(max(t["candidate_steps"]) for t in tiers.values())

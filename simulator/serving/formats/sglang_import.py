@@ -54,7 +54,8 @@ from pipeline.logs.schema import SCHEMA_VERSION
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import load_logs
 from simulator.logs.synthetic import write_latency
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import replayable
 from simulator.serving.replay import ShapeTable, closed_batch
 
 # format -> (engine, what its step_time is)
@@ -102,7 +103,7 @@ def read_bench(path) -> list[dict]:
         except (ValueError, TypeError, json.JSONDecodeError, AttributeError) as e:
             raise DataError(f"{path}:{i}: not a bench_speculative.py row ({str(e).splitlines()[0]})") from None
         b, d, w, v = ints
-        shape = S.OFF if d == 0 else (S.chain(d) if w == 1 else S.canonical((d, w, v)))
+        shape = step_shape.OFF if d == 0 else (step_shape.chain(d) if w == 1 else step_shape.canonical((d, w, v)))
         rows.append({"batch": b, "shape": shape, "acc_length": acc, "step_time": st})
     if not rows:
         raise DataError(f"{path}: no rows")
@@ -154,7 +155,7 @@ def latency_rows(rows: list[dict], model: str, dtype: str, profile_id: str, sour
                  fmt: str = "sglang-bench", prefill: list[tuple[int, float]] = ()):
     """LATENCY rows of the imported profile + {B: fit error}."""
     out, fit = [], {}
-    measured = sorted({S.label(r["shape"]) for r in rows})
+    measured = sorted({step_shape.label(r["shape"]) for r in rows})
     engine, statistic = FORMATS[fmt]
     env = json.dumps({"engine": engine, "source": source, "statistic": statistic, "measured_shapes": measured})
     device = f"sglang bench_speculative ({source})" if engine == "sglang" else f"vllm step times ({source})"
@@ -181,13 +182,13 @@ def latency_rows(rows: list[dict], model: str, dtype: str, profile_id: str, sour
 def compare_tau(rows: list[dict], logs_root: str, latency) -> list[dict]:
     """acc_length of each file row against the batch-1 replayed tau of its shape on the logs (all splits)."""
     logs = load_logs(logs_root, widths="all")
-    shapes = sorted({r["shape"] for r in rows if S.replayable(logs, r["shape"])})
+    shapes = sorted({r["shape"] for r in rows if replayable(logs, r["shape"])})
     tau = {}
     if shapes:
         table = ShapeTable(logs, shapes)
         res = closed_batch(logs, latency, table, 1, n_requests=logs.n_sequences)
         tau = {s: float(res["tau"][table.index(s)]) for s in shapes}
-    return [{"batch": r["batch"], "shape": S.label(r["shape"]), "acc_length": r["acc_length"],
+    return [{"batch": r["batch"], "shape": step_shape.label(r["shape"]), "acc_length": r["acc_length"],
              "replayed_tau": tau.get(r["shape"]), "ratio": (r["acc_length"] / tau[r["shape"]]) if r["shape"] in tau else None}
             for r in rows]
 
@@ -203,7 +204,7 @@ def run_profile_import_command(cfg: ProfileImportConfig) -> int:
     lat = LatencyModel.from_rows(lat_rows, model=cfg.model, profile=pid, trust=False)
     check = [abs(float(lat.t_step(*r["shape"], cfg.context_len, batch=r["batch"])) - r["step_time"]) / r["step_time"]
              for r in rows]
-    chains_only = all(S.is_chain(r["shape"]) for r in rows)
+    chains_only = all(step_shape.is_chain(r["shape"]) for r in rows)
     rep = {"profile_id": pid, "path": str(path), "rows": len(lat_rows), "batch_sizes": sorted(fit),
            "fit_max_rel_err": max(fit.values()), "replay_max_rel_err": float(max(check)), "chains_only": chains_only}
     if cfg.compare_logs:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.errors import DataError
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import replayable
 from simulator.serving.replay import ShapeTable
 
 
@@ -25,8 +26,8 @@ def chain_counters(logs, k: int) -> dict:
     num_accepted_tokens, num_accepted_tokens_per_pos, mean_acceptance_length, acceptance_per_pos, sequences}."""
     if k < 1:
         raise DataError(f"a chain needs k >= 1 drafts, got {k}")
-    shape = S.chain(k)
-    if not S.replayable(logs, shape):
+    shape = step_shape.chain(k)
+    if not replayable(logs, shape):
         raise DataError(f"the logs cannot replay chain:{k} (collect them with --widths 1 and --max-depth >= {k})")
     table = ShapeTable(logs, [shape])
     per_pos = np.zeros(k, np.int64)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from online.cli import main as cli
-from online.vllm import env as E
+from online.vllm import env
 from online.vllm.run import run_engine
 from pipeline.errors import DraftGymError
 from pipeline.models.head import DEFAULT_HEAD_DIR
@@ -23,7 +23,7 @@ SCHEDULE = [[1, 4, 3], [5, 16, 1]]
 
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
-    E.vllm_python()                                   # a missing .venv-vllm fails here, naming `make vllm`
+    env.vllm_python()                                   # a missing .venv-vllm fails here, naming `make vllm`
     root = tmp_path_factory.mktemp("vllm")
     logs = root / "logs"
     assert cli(["collect", "--dataset", "mt-bench", "--split", "test", "--n-prompts", str(N_PROMPTS), "--max-new-tokens",
@@ -137,8 +137,8 @@ def test_engine_refusal_and_death_mid_run(tmp_path, monkeypatch):
     """A config vLLM refuses: its own error in one line, with its log. An engine that dies after its first run:
     that run's results are kept, the call is marked incomplete (its folder given relative to the cwd, as the demo
     gives it)."""
-    py = E.vllm_python()
-    model = E.target_dir("smollm2-135m")
+    py = env.vllm_python()
+    model = env.target_dir("smollm2-135m")
     base = {"model": model, "dtype": "float32", "seed": 0, "max_model_len": 512, "max_num_seqs": 2,
             "memory_fraction": 0.2, "kv_cache_gib": 1, "speculative_config": None, "warmup": []}
     bad = dict(base, speculative_config={"method": "eagle3", "model": str(tmp_path / "no-head"), "num_speculative_tokens": 2},

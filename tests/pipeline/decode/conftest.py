@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pipeline.decode.batch.engine import BatchEngine
-from pipeline.decode.controller import StepShape
+from pipeline.decode.step_shape import StepShape
 from pipeline.decode.engine import Engine
 from pipeline.models.head import random_head
 from tests.conftest import make_tiny_llama

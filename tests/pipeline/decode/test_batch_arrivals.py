@@ -13,7 +13,8 @@ import torch
 
 from pipeline.decode.batch.engine import BatchEngine, row_bucket
 from pipeline.decode.batch.kv import BatchState
-from pipeline.decode.controller import ScriptedController, StaticController, StepShape
+from pipeline.decode.controller import ScriptedController, StaticController
+from pipeline.decode.step_shape import StepShape
 from pipeline.errors import DraftGymError
 from tests.pipeline.decode.conftest import MIXED
 

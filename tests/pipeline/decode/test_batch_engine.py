@@ -18,7 +18,8 @@ import torch
 import pipeline.decode.batch.verify as batch_verify_mod
 from pipeline.decode.batch.engine import BatchEngine
 from pipeline.decode.batch.verify import accept_greedy_batch, select_trees, tree_masks
-from pipeline.decode.controller import Controller, ScheduleController, ScriptedController, StaticController, StepShape
+from pipeline.decode.controller import Controller, ScheduleController, ScriptedController, StaticController
+from pipeline.decode.step_shape import StepShape
 from pipeline.decode.draft import expand_tree
 from pipeline.decode.engine import Engine
 from pipeline.models.head import random_head

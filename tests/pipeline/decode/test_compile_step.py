@@ -22,7 +22,7 @@ import torch
 from pipeline.decode.batch import step as batch_step
 from pipeline.decode.batch.engine import BatchEngine
 from pipeline.decode.batch.kv import BatchState
-from pipeline.decode.controller import StepShape
+from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import random_head
 from pipeline.runtime.attention_backends import attention_backends
 from tests.conftest import make_tiny_llama

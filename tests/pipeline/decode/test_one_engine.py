@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.decode.controller import Controller, StaticController, StepShape
+from pipeline.decode.controller import Controller, StaticController
+
+from pipeline.decode.step_shape import StepShape
 from pipeline.decode.engine import Engine
 from pipeline.models.head import random_head
 from pipeline.errors import DraftGymError

@@ -204,7 +204,8 @@ def test_collect_on_a_two_node_cluster(tmp_path, tiny_model_dir, monkeypatch):
         # tune as Ray tasks (every position, chunks of 150): the chunks' closed batches pooled on the
         # cluster equal the same chunks replayed in this process
         from simulator.logs.stream import LogSource
-        from simulator.serving.tune import TuneConfig, load_inputs, profiled_candidates, summary_rows, tune, tune_part
+        from simulator.serving.tune import TuneConfig, summary_rows, tune, tune_part
+        from simulator.serving.inputs import load_inputs, profiled_candidates
 
         tl = tmp_path / "tune-logs"
         write_synthetic_logs(tl, SyntheticConfig(n_sequences=6, widths=(1, 4), new_tokens=(20, 40), seed=5,

@@ -98,7 +98,8 @@ def test_speed_factor_is_the_median_cell_ratio():
 def test_batched_step_rows_attribute_each_step_to_its_shape():
     """Step k played grid shape k % n: its verify (kept shapes), its draft per depth, its overhead;
     warm-up rounds and steps with fewer than B rows are dropped (pipeline/profiling/steps.py)."""
-    from pipeline.decode.controller import StepRecord, StepShape
+    from pipeline.decode.controller import StepRecord
+    from pipeline.decode.step_shape import StepShape
     from pipeline.profiling.steps import grid_shapes, step_rows
 
     shapes = grid_shapes((1, 4), (1, 3))
@@ -128,7 +129,7 @@ def test_verify_width_times_the_tree_that_holds_v():
     at most 13 at depth 12, so V = 40 goes to W = 10; no width that can: a one-line error."""
     from pipeline.errors import DraftGymError
     from pipeline.profiling.steps import grid_shapes
-    from pipeline.decode.controller import pool_size
+    from pipeline.decode.step_shape import pool_size
     from pipeline.profiling.timed_ops import depth_for, verify_width
 
     assert [verify_width(V, (1, 10)) for V in (1, 2, 13, 14, 40)] == [1, 1, 1, 10, 10]

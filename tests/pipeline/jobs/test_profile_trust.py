@@ -233,7 +233,8 @@ def test_an_outlier_cell_is_named_by_its_mean():
 
 def test_steps_that_captured_a_graph_are_not_samples():
     """The profile's sampler drops a step whose record says it captured CUDA graphs."""
-    from pipeline.decode.controller import StepRecord, StepShape
+    from pipeline.decode.controller import StepRecord
+    from pipeline.decode.step_shape import StepShape
     from pipeline.profiling.steps import step_rows
 
     shapes = [(StepShape.off(), True), (StepShape(2, 4, 8), True)]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from pipeline.models import attention as A
+from pipeline.models import attention
 from tests.conftest import make_tiny_llama
 
 
@@ -35,7 +35,7 @@ def _masked_forward(model, impl: str):
 def test_grouped_attention_equals_sdpa_under_masks():
     model = make_tiny_llama(vocab=64, hidden=48, heads=6, kv_heads=2)          # g = 3, as SmolLM2
     ref = _masked_forward(model, "sdpa")
-    got = _masked_forward(model, A.register())
+    got = _masked_forward(model, attention.register())
     assert got.shape == (2, 4, 64)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     assert (got.argmax(-1) == ref.argmax(-1)).all()
@@ -52,7 +52,7 @@ def test_grouped_attention_skips_the_per_head_copy(monkeypatch):
     _masked_forward(model, "sdpa")
     assert calls                                     # the copy the module removes (the test can fail)
     calls.clear()
-    _masked_forward(model, A.register())
+    _masked_forward(model, attention.register())
     assert not calls
 
 
@@ -60,10 +60,10 @@ def test_load_target_selects_it_on_a_cpu(tiny_model_dir):
     from pipeline.models.target import load_target
 
     t = load_target(str(tiny_model_dir), device="cpu")
-    assert t.model.config._attn_implementation == A.NAME
+    assert t.model.config._attn_implementation == attention.NAME
     eager = make_tiny_llama()
     eager.set_attn_implementation("eager")
-    assert not A.use_grouped_attention(eager) and eager.config._attn_implementation == "eager"
+    assert not attention.use_grouped_attention(eager) and eager.config._attn_implementation == "eager"
 
 
 @pytest.mark.parametrize("tree", [(3, 4, 8), (1, 1, 2)])
@@ -71,13 +71,14 @@ def test_speculative_decoding_stays_lossless_with_it(tree):
     """fp32 speculation through draftgym_sdpa gives the AR tokens (AR's one-token steps take sdpa's
     own path; the verify takes the grouped one)."""
     from pipeline.decode.batch.engine import BatchEngine
-    from pipeline.decode.controller import StaticController, StepShape
+    from pipeline.decode.controller import StaticController
+    from pipeline.decode.step_shape import StepShape
     from pipeline.decode.engine import Engine
     from pipeline.models.head import load_head_for
 
     model = make_tiny_llama(vocab=64, hidden=48, heads=6, kv_heads=2)
-    A.use_grouped_attention(model)
-    assert model.config._attn_implementation == A.NAME
+    attention.use_grouped_attention(model)
+    assert model.config._attn_implementation == attention.NAME
     head = load_head_for("random", model, 0)
     eng = Engine(model, head)
     prompts = [list(range(5, 25)), list(range(30, 37)), list(range(9, 50))]

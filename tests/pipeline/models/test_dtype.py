@@ -68,40 +68,40 @@ def test_device_name_and_fingerprint_name_the_dtype():
 
 
 def test_default_cpu_dtype(monkeypatch):
-    from pipeline.models import target as T
+    from pipeline.models import target
     from pipeline.errors import DraftGymError
 
-    monkeypatch.setenv(T.CPU_DTYPE_ENV, "bfloat16")
-    assert T.resolve_dtype(None, "cpu") is torch.bfloat16
-    assert T.resolve_dtype(None, "cuda") is torch.bfloat16
-    monkeypatch.setenv(T.CPU_DTYPE_ENV, "auto")
-    monkeypatch.setattr(T, "cpu_has_bf16_units", lambda: False)
-    assert T.resolve_dtype(None, "cpu") is torch.float32
-    monkeypatch.setattr(T, "cpu_has_bf16_units", lambda: True)
-    assert T.resolve_dtype(None, "cpu") is torch.bfloat16
-    assert T.resolve_dtype("fp32", "cpu") is torch.float32           # explicit always wins
-    monkeypatch.setenv(T.CPU_DTYPE_ENV, "int8")
+    monkeypatch.setenv(target.CPU_DTYPE_ENV, "bfloat16")
+    assert target.resolve_dtype(None, "cpu") is torch.bfloat16
+    assert target.resolve_dtype(None, "cuda") is torch.bfloat16
+    monkeypatch.setenv(target.CPU_DTYPE_ENV, "auto")
+    monkeypatch.setattr(target, "cpu_has_bf16_units", lambda: False)
+    assert target.resolve_dtype(None, "cpu") is torch.float32
+    monkeypatch.setattr(target, "cpu_has_bf16_units", lambda: True)
+    assert target.resolve_dtype(None, "cpu") is torch.bfloat16
+    assert target.resolve_dtype("fp32", "cpu") is torch.float32           # explicit always wins
+    monkeypatch.setenv(target.CPU_DTYPE_ENV, "int8")
     with pytest.raises(DraftGymError, match="DRAFTGYM_CPU_DTYPE"):
-        T.resolve_dtype(None, "cpu")
+        target.resolve_dtype(None, "cpu")
 
 
 def test_emulated_bf16_warns_once(monkeypatch):
     import warnings
 
-    from pipeline.models import target as T
+    from pipeline.models import target
 
-    monkeypatch.setattr(T, "_WARNED_EMULATED", set())
-    monkeypatch.setattr(T, "cpu_has_bf16_units", lambda: False)
+    monkeypatch.setattr(target, "_WARNED_EMULATED", set())
+    monkeypatch.setattr(target, "cpu_has_bf16_units", lambda: False)
     with pytest.warns(RuntimeWarning, match="without bf16 matrix units"):
-        assert T.resolve_dtype("bfloat16", "cpu") is torch.bfloat16
+        assert target.resolve_dtype("bfloat16", "cpu") is torch.bfloat16
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        T.resolve_dtype("bfloat16", "cpu")                            # once per process
-        T.resolve_dtype("float32", "cpu")                             # fp32 never warns
-        monkeypatch.setattr(T, "_WARNED_EMULATED", set())
-        monkeypatch.setattr(T, "cpu_has_bf16_units", lambda: True)
-        T.resolve_dtype("bfloat16", "cpu")                            # bf16 units: no warning
-        T.resolve_dtype("bfloat16", "cuda")
+        target.resolve_dtype("bfloat16", "cpu")                            # once per process
+        target.resolve_dtype("float32", "cpu")                             # fp32 never warns
+        monkeypatch.setattr(target, "_WARNED_EMULATED", set())
+        monkeypatch.setattr(target, "cpu_has_bf16_units", lambda: True)
+        target.resolve_dtype("bfloat16", "cpu")                            # bf16 units: no warning
+        target.resolve_dtype("bfloat16", "cuda")
 
 
 @pytest.mark.parametrize("cmd", ["generate", "collect", "profile", "train-draft", "validate", "profile-policy"])

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.decode.batch.engine import BatchEngine
-from pipeline.decode.controller import StaticController, StepShape
+from pipeline.decode.controller import StaticController
+from pipeline.decode.step_shape import StepShape
 from pipeline.decode.engine import Engine
 from pipeline.models.head import random_head
 from pipeline.errors import DraftGymError

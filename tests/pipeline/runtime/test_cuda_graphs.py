@@ -19,7 +19,8 @@ from torch.utils._pytree import tree_leaves
 
 from pipeline.decode.batch import step as batch_step
 from pipeline.decode.batch.engine import BatchEngine, pow2_at_least
-from pipeline.decode.controller import ScheduleController, StaticController, StepShape
+from pipeline.decode.controller import ScheduleController, StaticController
+from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import random_head
 from pipeline.errors import DraftGymError
 from pipeline.runtime.cuda_graphs import ENV, MODE_ENV, GraphCache, graphs_wanted

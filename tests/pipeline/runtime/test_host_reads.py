@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from pipeline.decode.batch.engine import BatchEngine
-from pipeline.decode.controller import ScheduleController, StaticController, StepShape
+from pipeline.decode.controller import ScheduleController, StaticController
+from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import random_head
 from pipeline.runtime.host_reads import HostReads
 from tests.conftest import make_tiny_llama

@@ -114,11 +114,11 @@ def test_ar_wall_time_is_every_forward(fresh_tiny):
 
 def test_time_op_syncs_around_each_call(monkeypatch):
     """The profile's micro-benchmark timer uses the same synced clock."""
-    import pipeline.profiling.timed_ops as L
+    from pipeline.profiling import timed_ops
 
     dev = FakeAsyncDevice()
-    monkeypatch.setattr(L, "DeviceClock", lambda device: DeviceClock(device, sync_fn=dev.sync, read_fn=dev.read))
-    st = L.time_op(lambda: dev.launch(0.003), "cpu", warmup=1, repeats=4)
+    monkeypatch.setattr(timed_ops, "DeviceClock", lambda device: DeviceClock(device, sync_fn=dev.sync, read_fn=dev.read))
+    st = timed_ops.time_op(lambda: dev.launch(0.003), "cpu", warmup=1, repeats=4)
     assert st["median"] == pytest.approx(0.003) and st["n"] == 4
 
 

@@ -9,13 +9,13 @@ import pytest
 
 from pipeline.errors import DataError
 from simulator.serving import metrics
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
 from simulator.serving.choosers.base import Chooser, RowShapes, StaticChooser
 from simulator.serving.load import SwitchPrice, serve
 from simulator.serving.replay import ShapeTable
 from tests.simulator.serving.conftest import lat, logs, root  # noqa: F401 (pytest fixtures)
 
-CHAINS = [S.OFF, S.chain(1), S.chain(2), S.chain(3)]
+CHAINS = [step_shape.OFF, step_shape.chain(1), step_shape.chain(2), step_shape.chain(3)]
 
 
 class _Rows(Chooser):
@@ -28,14 +28,14 @@ class _Rows(Chooser):
     def choose(self, view):
         k = [self.k[r % len(self.k)] for r in range(view.batch)]
         self.seen.append((view.rows.copy(), view.context_len.copy(), k))
-        return RowShapes(self.table.index(S.chain(self.draft) if self.draft else S.OFF),
-                         np.array([self.table.index(S.chain(x) if x else S.OFF) for x in k]))
+        return RowShapes(self.table.index(step_shape.chain(self.draft) if self.draft else step_shape.OFF),
+                         np.array([self.table.index(step_shape.chain(x) if x else step_shape.OFF) for x in k]))
 
 
 def test_row_shapes_equal_to_the_drafted_shape_replay_the_static_step(logs, lat):
     table = ShapeTable(logs, CHAINS)
     arrivals = np.zeros(8)
-    a = serve(logs, lat, table, StaticChooser(S.chain(2)), arrivals, 4)
+    a = serve(logs, lat, table, StaticChooser(step_shape.chain(2)), arrivals, 4)
     b = serve(logs, lat, table, _Rows(2, [2]), arrivals, 4)
     assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.step_emitted, b.step_emitted)
     assert np.allclose(a.step_time, b.step_time, rtol=1e-9) and np.array_equal(a.step_drafted, b.step_drafted)
@@ -53,11 +53,11 @@ def test_row_shapes_each_row_takes_its_own_acceptance_and_the_verify_is_priced_b
     assert lat.batch_context == "max"                               # DraftGym's engine: padded to the longest row
     assert res.step_time[0] == pytest.approx(float(fixed + lat.t_verify(4, c, batch=3)), rel=1e-9)
     paged = dataclasses.replace(lat, batch_context="mean")          # a flattened-token engine: the rows' total
-    t = table.row_step_time(paged, table.index(S.chain(3)), [table.index(x) for x in (S.chain(1), S.OFF, S.chain(3))],
+    t = table.row_step_time(paged, table.index(step_shape.chain(3)), [table.index(x) for x in (step_shape.chain(1), step_shape.OFF, step_shape.chain(3))],
                             3, paged.step_context(ctx))
     fixed = 3 * paged.t_draft(1, paged.step_context(ctx), batch=3) + paged.t_overhead(paged.step_context(ctx), batch=3)
     assert t == pytest.approx(float(fixed + paged.t_verify((2 + 1 + 4) / 3, paged.step_context(ctx), batch=3)), rel=1e-9)
-    assert res.step_drafted[0] == 1 + 0 + 3 and res.step_shape[0] == table.index(S.chain(3))
+    assert res.step_drafted[0] == 1 + 0 + 3 and res.step_shape[0] == table.index(step_shape.chain(3))
     with pytest.raises(DataError, match="not a prefix of the drafted chain:2"):
         serve(logs, lat, table, _Rows(2, [3]), np.zeros(2), 2)
 
@@ -67,21 +67,21 @@ class _Alternate(Chooser):
 
     def choose(self, view):
         self.n = getattr(self, "n", -1) + 1
-        return self.table.index(S.OFF if self.n % 2 else S.chain(2))
+        return self.table.index(step_shape.OFF if self.n % 2 else step_shape.chain(2))
 
 
 def test_switch_price_charges_each_change_and_off_steps(logs, lat):
     table = ShapeTable(logs, CHAINS)
     free = serve(logs, lat, table, _Alternate(), np.zeros(1), 1)
     priced = serve(logs, lat, table, _Alternate(), np.zeros(1), 1, price=SwitchPrice(switch_s=0.01, off_factor=1.1))
-    off = free.step_shape == table.index(S.OFF)
+    off = free.step_shape == table.index(step_shape.OFF)
     n_switch = int((np.diff(free.step_shape) != 0).sum())
     assert n_switch == len(free.step_shape) - 1 > 2 and np.array_equal(free.tokens, priced.tokens)
     want = free.step_time * np.where(off, 1.1, 1.0) + np.r_[0.0, np.full(n_switch, 0.01)]
     assert np.allclose(priced.step_time, want, rtol=1e-12)
     m = metrics.summarize(priced)
     assert m["switches"] == n_switch and m["switches_per_s"] == pytest.approx(n_switch / priced.step_time.sum())
-    assert metrics.summarize(serve(logs, lat, table, StaticChooser(S.chain(2)), np.zeros(1), 1))["switches"] == 0
+    assert metrics.summarize(serve(logs, lat, table, StaticChooser(step_shape.chain(2)), np.zeros(1), 1))["switches"] == 0
     with pytest.raises(DataError, match="off factor"):
         SwitchPrice(off_factor=0)
 
@@ -135,12 +135,12 @@ def test_vllm_feature_is_the_log_odds_of_each_chain_draft(logs):
 
 def test_vllm_estimator_refit_is_the_newton_step_of_the_full_system(monkeypatch):
     """The arrowhead solve equals np.linalg.solve on (X^T W X + l I) d = X^T (y - p) (damping off)."""
-    from simulator.serving.choosers import vllm_adaptive as V
+    from simulator.serving.choosers import vllm_adaptive
 
-    monkeypatch.setattr(V, "DAMPING", 0.0)
+    monkeypatch.setattr(vllm_adaptive, "DAMPING", 0.0)
     rng = np.random.default_rng(0)
     K, B = 3, 40
-    est = V.OnlineEstimator(K)
+    est = vllm_adaptive.OnlineEstimator(K)
     f = rng.normal(0, 2, (B, K))
     p = est.predict(f)
     acc = np.argmin(np.concatenate([f > -1.0, np.zeros((B, 1), bool)], 1), 1)    # leading drafts with f > -1
@@ -150,7 +150,7 @@ def test_vllm_estimator_refit_is_the_newton_step_of_the_full_system(monkeypatch)
     y = (k < acc[:, None]).astype(float)
     X = np.concatenate([f[obs][:, None], np.eye(K)[np.nonzero(obs)[1]]], 1)       # rows [f, e_k]
     W = (p * (1 - p))[obs]
-    d = np.linalg.solve(X.T @ (W[:, None] * X) + V.L2 * np.eye(K + 1), X.T @ (y - p)[obs])
+    d = np.linalg.solve(X.T @ (W[:, None] * X) + vllm_adaptive.L2 * np.eye(K + 1), X.T @ (y - p)[obs])
     w0, b0 = est.w, est.b.copy()
     est.accumulate(f, p, acc, adm)
     est.refit()
@@ -172,7 +172,7 @@ def test_vllm_budget_is_the_argmax_over_stale_scores_and_admits_the_best_current
     out = ch.choose(view)
     k = np.array([table.shapes[i][0] for i in out.rows])
     surv = np.cumprod(ch.est.predict(top_logodds(logs.w[1].beam_scores[rows, :3, 0])), 1)
-    assert k.sum() == n_first and table.shapes[out.draft] == S.chain(3)
+    assert k.sum() == n_first and table.shapes[out.draft] == step_shape.chain(3)
     kept = np.concatenate([surv[r, :k[r]] for r in range(3)])
     dropped = np.concatenate([surv[r, k[r]:] for r in range(3)])
     assert not len(dropped) or not len(kept) or kept.min() >= dropped.max()
@@ -189,18 +189,18 @@ def test_context_axis_splits_sum_to_the_totals_and_the_answer_is_an_exact_replay
     from simulator.serving.context_axis import ContextChooser, context_axis, context_edges, context_lines
     from simulator.serving.replay import closed_batch
 
-    shapes = [S.OFF, S.chain(1), S.chain(2), (2, 4, 8)]
+    shapes = [step_shape.OFF, step_shape.chain(1), step_shape.chain(2), (2, 4, 8)]
     table = ShapeTable(logs, shapes)
     edges = context_edges(logs, 3)
     assert len(edges) == 2 and edges[0] < edges[1]
     run = closed_batch(logs, lat, table, 2, context_edges=edges)
     assert np.allclose(run["tokens_by_context"].sum(1), run["tokens"]) and np.allclose(run["time_by_context"].sum(1), run["time"])
-    ch = ContextChooser({1: [S.OFF, S.chain(1), S.chain(2)], 4: [S.chain(2)] * 3}, edges)
+    ch = ContextChooser({1: [step_shape.OFF, step_shape.chain(1), step_shape.chain(2)], 4: [step_shape.chain(2)] * 3}, edges)
     ch.reset(table, lat)
     view = lambda B, c: StepView(batch=B, rows=np.zeros(B, np.int64), context_len=np.full(B, c), left=np.ones(B),
                                  requests=np.arange(B), time=0.0, queued=0)
-    assert table.shapes[ch.choose(view(1, edges[0] - 1))] == S.OFF and table.shapes[ch.choose(view(2, edges[1]))] == S.chain(2)
-    assert table.shapes[ch.choose(view(3, edges[0]))] == S.chain(1) and table.shapes[ch.choose(view(4, 0))] == S.chain(2)
+    assert table.shapes[ch.choose(view(1, edges[0] - 1))] == step_shape.OFF and table.shapes[ch.choose(view(2, edges[1]))] == step_shape.chain(2)
+    assert table.shapes[ch.choose(view(3, edges[0]))] == step_shape.chain(1) and table.shapes[ch.choose(view(4, 0))] == step_shape.chain(2)
     ans = context_axis(logs, lat, [1, 2], shapes, n_bins=3)
     for r in ans["per_batch"]:
         if len(set(r["by_bin"])) == 1:
@@ -291,7 +291,7 @@ def test_nightjar_load_rule_and_request_rate_by_hand(logs):
     from simulator.serving.choosers.nightjar import Nightjar
 
     nj = Nightjar(k=2, seed=1)
-    nj.reset(ShapeTable(logs, [S.OFF, S.chain(1), S.chain(2)]), None)
+    nj.reset(ShapeTable(logs, [step_shape.OFF, step_shape.chain(1), step_shape.chain(2)]), None)
     assert nj.request_rate(_view(1, 0.0, [0])) == 0.0                     # nothing elapsed yet
     assert nj.request_rate(_view(2, 4.0, [0, 1])) == pytest.approx(2 / 4)  # 2 joins in 4 s
     # 21 rows, 21 requests joined within 11 s: the trailing 10 s hold 20 of them (t in (1, 11])
@@ -313,7 +313,7 @@ def test_nightjar_replays_reproducibly_and_learns_per_bin(logs, lat):
     a = serve(logs, lat, table, Nightjar(3, seed=4), arrivals, 8)
     b = serve(logs, lat, table, Nightjar(3, seed=4), arrivals, 8)
     assert np.array_equal(a.step_shape, b.step_shape) and np.array_equal(a.tokens, b.tokens)
-    ar = serve(logs, lat, table, StaticChooser(S.OFF), arrivals, 8)
+    ar = serve(logs, lat, table, StaticChooser(step_shape.OFF), arrivals, 8)
     assert np.array_equal(a.tokens, ar.tokens)                           # greedy replay: the same tokens
     ch = Nightjar(3, seed=4)
     serve(logs, lat, table, ch, arrivals, 8)

@@ -19,7 +19,7 @@ from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
 from simulator.serving.choosers.base import StaticChooser
 from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
 from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
 from tests.conftest import make_tiny_llama
 
 VOCAB, EOS, MAX_NEW = 6, 4, 16
@@ -57,7 +57,7 @@ def test_row_choosers_on_the_engine_are_lossless(setup, B, rule):
     logs, lat, beng, prompts, ar = setup
     ch = VLLMAdaptiveVerification(K=3) if rule == "vllm" else CalibratedBudget(AcceptanceModel.fit(logs, 3))
     assert type(controller_for(ch, [MAX_NEW] * len(prompts), lat)) is RowChooserController
-    assert type(controller_for(StaticChooser(S.chain(2)), [MAX_NEW] * len(prompts), lat)) is ChooserController
+    assert type(controller_for(StaticChooser(step_shape.chain(2)), [MAX_NEW] * len(prompts), lat)) is ChooserController
     ctl = _Seen(ch, [MAX_NEW] * len(prompts), lat)
     res = beng.generate(prompts, MAX_NEW, batch_size=B, controller=ctl)
     assert [r.output_ids for r in res] == [a.output_ids for a in ar]

@@ -17,7 +17,8 @@ from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
 from simulator.replay import autoregressive, simulate
 from simulator.serving import arrivals as arr
 from simulator.serving import metrics
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import candidates, lookup_verify
 from simulator.serving.load import serve
 from simulator.serving.choosers.base import Chooser, StaticChooser
 from simulator.serving.replay import ShapeTable, closed_batch
@@ -40,8 +41,8 @@ def w10_root(tmp_path_factory):
 def test_batch_one_is_todays_replay(logs, lat, static):
     """B = 1, no queue: the same tau and total time as simulator/replay.py, in both serving paths."""
     ref = simulate(StaticPolicy(*static), logs, lat).summary()
-    shape = S.canonical(static)                                   # (2, 1, 4) is chain 2 = (2, 1, 3)
-    table = ShapeTable(logs, [S.OFF, shape])
+    shape = step_shape.canonical(static)                                   # (2, 1, 4) is chain 2 = (2, 1, 3)
+    table = ShapeTable(logs, [step_shape.OFF, shape])
     closed = closed_batch(logs, lat, table, 1, n_requests=logs.n_sequences, shapes=[table.index(shape)])
     res = serve(logs, lat, table, StaticChooser(shape), np.zeros(logs.n_sequences), max_batch=1)
     m = metrics.summarize(res)
@@ -53,8 +54,8 @@ def test_batch_one_is_todays_replay(logs, lat, static):
 
 def test_batch_one_ar_is_todays_ar(logs, lat):
     ar = autoregressive(logs, lat)
-    table = ShapeTable(logs, [S.OFF])
-    res = metrics.summarize(serve(logs, lat, table, StaticChooser(S.OFF), np.zeros(logs.n_sequences), 1))
+    table = ShapeTable(logs, [step_shape.OFF])
+    res = metrics.summarize(serve(logs, lat, table, StaticChooser(step_shape.OFF), np.zeros(logs.n_sequences), 1))
     assert res["tau"] == 1.0 and res["busy_s"] == pytest.approx(float(ar.time.sum()), rel=1e-12)
 
 
@@ -74,7 +75,7 @@ def walk(logs, seq, shapes):
     for s in shapes:
         d, w, _ = s
         L = 0 if d == 0 else int(logs.w[w].acceptance[logs.offsets[seq] + p, d - 1,
-                                                       logs.grid_index(S.lookup_verify(logs, s))])
+                                                       logs.grid_index(lookup_verify(logs, s))])
         out.append((L, min(L + 1, T - p)))
         p += L + 1
     assert p >= T
@@ -84,7 +85,7 @@ def walk(logs, seq, shapes):
 def test_each_row_at_batch_b_is_its_own_replay(logs, lat):
     """B > 1, a random shape per step under Poisson load: every request's L and tokens per step equal
     its own batch-1 walk under the shapes its steps had."""
-    table = ShapeTable(logs, S.candidates(logs, "all")[:40])
+    table = ShapeTable(logs, candidates(logs, "all")[:40])
     t = arr.poisson(50.0, 3 * logs.n_sequences, seed=1)
     res = serve(logs, lat, table, RandomChooser(0), t, max_batch=4, trace=True)
     assert res.step_batch.max() > 1
@@ -99,7 +100,7 @@ def test_each_row_at_batch_b_is_its_own_replay(logs, lat):
 
 def test_closed_batch_agrees_with_the_load_loop(logs, lat):
     """The vectorised closed batch = the event loop with everyone queued at t = 0, over the steps at full B."""
-    shapes = [S.OFF, S.chain(2), (3, 4, 10)]
+    shapes = [step_shape.OFF, step_shape.chain(2), (3, 4, 10)]
     table = ShapeTable(logs, shapes)
     R = 3 * logs.n_sequences
     closed = closed_batch(logs, lat, table, 3, n_requests=R)
@@ -114,7 +115,7 @@ def test_closed_batch_agrees_with_the_load_loop(logs, lat):
 
 @pytest.mark.parametrize("batch", [1, 3, 8, 12])
 def test_tabulated_step_time_is_the_latency_model(logs, lat, batch):
-    table = ShapeTable(logs, S.candidates(logs, "all")[:30])
+    table = ShapeTable(logs, candidates(logs, "all")[:30])
     rng = np.random.default_rng(batch)
     a = rng.integers(len(table), size=50)
     c = rng.uniform(0, 3000, size=50)
@@ -123,17 +124,17 @@ def test_tabulated_step_time_is_the_latency_model(logs, lat, batch):
 
 
 def test_shapes_and_what_the_logs_can_replay(logs, w10_root):
-    assert S.parse("chain:3") == (3, 1, 4) == S.canonical((3, 1, 40)) and S.parse("off") == S.OFF
-    assert S.label((2, 4, 999)) == "tree:2,4,21" and S.lookup_verify(logs, S.chain(2)) == 4
+    assert step_shape.parse("chain:3") == (3, 1, 4) == step_shape.canonical((3, 1, 40)) and step_shape.parse("off") == step_shape.OFF
+    assert step_shape.label((2, 4, 999)) == "tree:2,4,21" and lookup_verify(logs, step_shape.chain(2)) == 4
     with pytest.raises(DraftGymError, match="bad shape"):
-        S.parse("chain:x")
+        step_shape.parse("chain:x")
     with pytest.raises(DataError, match="not on the logged grid"):
-        S.lookup_verify(logs, (3, 4, 13))
+        lookup_verify(logs, (3, 4, 13))
     w10 = load_logs(w10_root, split="all")
     with pytest.raises(DataError, match="width-1 logs"):
-        S.lookup_verify(w10, S.chain(2))
+        lookup_verify(w10, step_shape.chain(2))
     with pytest.raises(DataError, match="no chain shape"):
-        S.candidates(w10, "chain")
+        candidates(w10, "chain")
 
 
 
@@ -171,8 +172,8 @@ def test_trace_files(tmp_path):
 
 def test_queue_time_and_goodput(logs, lat):
     """Two requests at once and one slot: the second waits for the first; goodput counts fast requests only."""
-    table = ShapeTable(logs, [S.OFF])
-    res = serve(logs, lat, table, StaticChooser(S.OFF), [0.0, 0.0], max_batch=1, request_seq=[0, 1])
+    table = ShapeTable(logs, [step_shape.OFF])
+    res = serve(logs, lat, table, StaticChooser(step_shape.OFF), [0.0, 0.0], max_batch=1, request_seq=[0, 1])
     assert res.join[1] == pytest.approx(res.finish[0]) and res.join[0] == 0.0
     m = metrics.summarize(res, tpot_target=1e9)
     assert m["goodput_tokens_per_s"] == pytest.approx(m["tokens_per_s"]) and m["queue_mean_s"] > 0
@@ -182,7 +183,7 @@ def test_queue_time_and_goodput(logs, lat):
 # ------------------------------------------------------------------ schedules and tune
 
 def test_schedule_merges_and_round_trips(tmp_path):
-    a, b = S.chain(3), (2, 4, 10)
+    a, b = step_shape.chain(3), (2, 4, 10)
     s = Schedule.from_choices([8, 1, 2, 4], [b, a, a, b], max_batch=16)
     assert s.ranges == [(1, 3, a), (4, 16, b)]
     assert [s.shape_for(x) for x in (1, 3, 4, 100)] == [a, a, b, b]
@@ -196,12 +197,12 @@ def test_schedule_merges_and_round_trips(tmp_path):
 
 
 def test_tune_picks_the_best_shape_per_batch(logs, lat):
-    res = tune(logs, lat, [1, 2, 8], S.candidates(logs, "all"), refine=False)
+    res = tune(logs, lat, [1, 2, 8], candidates(logs, "all"), refine=False)
     sched = res["schedule"]
     for i, B in enumerate(res["batch_sizes"]):
         assert sched.shape_for(B) == res["shapes"][int(np.argmax(res["tokens_per_s"][i]))]
     assert len(sched.ranges) == len({tuple(x) for x in sched.shapes()}) <= 3
-    off = res["shapes"].index(S.OFF)
+    off = res["shapes"].index(step_shape.OFF)
     assert np.allclose(res["tau"][:, off], 1.0)
 
 
@@ -215,7 +216,7 @@ def test_tune_on_chunks_pools_their_closed_batches(tmp_path):
     write_synthetic_logs(d, SyntheticConfig(n_sequences=6, widths=(1, 4), new_tokens=(12, 30), latency_profile="gpu",
                                             latency_batches=(1, 2, 4), shard_sequences=2, seed=3))
     logs, lat = load_logs(d, widths="all", split="all"), LatencyModel.from_logs(d)
-    shapes, bs = S.candidates(logs, "all"), [1, 4]
+    shapes, bs = candidates(logs, "all"), [1, 4]
     whole = tune(logs, lat, bs, shapes, refine=False)
     src = LogSource(d, split="all", widths="all", progress=False)
     chunked = lambda size: (lambda b: [tune_part(c, lat, b, shapes) for c in src.chunks(size, scores=False)])
@@ -227,7 +228,7 @@ def test_tune_on_chunks_pools_their_closed_batches(tmp_path):
     pooled = tune(logs, lat, bs, shapes, refine=False, measure=chunked(max(1, src.n_positions // 3)))
     own = np.stack([p["tokens"] / p["time"] for p in parts])                                # [chunks, n, A]
     assert np.all(own.min(0) - 1e-9 <= pooled["tokens_per_s"]) and np.all(pooled["tokens_per_s"] <= own.max(0) + 1e-9)
-    assert np.allclose(pooled["tau"][:, shapes.index(S.OFF)], 1.0) and pooled["sequences"] == logs.n_sequences
+    assert np.allclose(pooled["tau"][:, shapes.index(step_shape.OFF)], 1.0) and pooled["sequences"] == logs.n_sequences
     assert pooled["schedule"].meta["chunks"] == len(parts)
 
 
@@ -235,7 +236,7 @@ def test_headroom_is_the_smallest_worst_shortfall():
     # B = 1, 4, 16; shapes off, chain 1, chain 4: chain 4 wins at B = 1 by 2x, off at B = 16 by 1.5x;
     # chain 1 is never more than 1.25x behind (at B = 1: 100 / 80), so it is s*, and no mix of these B
     # lets a schedule beat it by more than 1.25x
-    res = {"batch_sizes": [1, 4, 16], "shapes": [S.OFF, S.chain(1), S.chain(4)],
+    res = {"batch_sizes": [1, 4, 16], "shapes": [step_shape.OFF, step_shape.chain(1), step_shape.chain(4)],
            "tokens_per_s": np.array([[50.0, 80.0, 100.0], [150.0, 160.0, 120.0], [300.0, 280.0, 200.0]])}
     assert headroom(res) == {"shape": "chain:1", "gap": pytest.approx(1.25), "at_batch": 1}
     res["tokens_per_s"][0, 1] = 40.0          # chain 1 now 2.5x behind at B = 1, off 2x there: chain 4 (1.5x at B = 16)
@@ -323,7 +324,7 @@ def test_sglang_adaptive_routing_and_config_checks():
 
 def test_sglang_adaptive_runs_in_the_load_replay(logs, lat):
     ch = SGLangAdaptive()
-    table = ShapeTable(logs, list(dict.fromkeys([S.OFF, *ch.shapes()])))
+    table = ShapeTable(logs, list(dict.fromkeys([step_shape.OFF, *ch.shapes()])))
     res = serve(logs, lat, table, ch, arr.poisson(20.0, 20, seed=0), max_batch=8)
     used = {table.shapes[a] for a in res.step_shape}
     assert used <= set(ch.shapes()) and res.tokens.sum() == (logs.new_tokens - 1)[res.seq].sum()

@@ -10,7 +10,7 @@ from simulator.latency.model import LatencyModel
 from simulator.latency.surface import Surface
 from simulator.logs.synthetic import latency_rows as synthetic_latency
 from simulator.serving import metrics
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
 from simulator.serving.choosers.base import Chooser, StaticChooser
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
@@ -37,15 +37,15 @@ def test_step_context_max_for_slots_and_mean_for_pages():
     assert lat.step_context(c, m).tolist() == [1900.0, 60.0]
     lat.batch_context = "mean"
     assert lat.step_context(c, m).tolist() == pytest.approx([800.0, 55.0])
-    rows = latency_rows([{"batch": 1, "shape": S.OFF, "acc_length": 1.0, "step_time": 0.01},
-                         {"batch": 1, "shape": S.chain(1), "acc_length": 1.5, "step_time": 0.012}], "m", "bfloat16", "sg-1",
+    rows = latency_rows([{"batch": 1, "shape": step_shape.OFF, "acc_length": 1.0, "step_time": 0.01},
+                         {"batch": 1, "shape": step_shape.chain(1), "acc_length": 1.5, "step_time": 0.012}], "m", "bfloat16", "sg-1",
                        "bench.jsonl")[0]
     assert LatencyModel.from_rows(rows).batch_context == "mean"                 # SGLang pages its KV
 
 
 class Recording(Chooser):
     def __init__(self, shape):
-        self.shape, self.name, self.ctx = S.canonical(shape), "rec", []
+        self.shape, self.name, self.ctx = step_shape.canonical(shape), "rec", []
 
     def shapes(self):
         return [self.shape]
@@ -59,8 +59,8 @@ def test_a_step_is_charged_at_the_longest_row(logs):
     """Rows of different contexts in one step: the step costs t(s, B, max_r c_r), which is more than
     at the mean (a synthetic profile measured from c = 0, growing with c)."""
     lat = LatencyModel.from_rows(synthetic_latency("m", "gpu", widths=(1, 4), contexts=(0, 64, 512), batches=(1, 2, 4)))
-    table = ShapeTable(logs, [S.chain(2)])
-    ch = Recording(S.chain(2))
+    table = ShapeTable(logs, [step_shape.chain(2)])
+    ch = Recording(step_shape.chain(2))
     res = serve(logs, lat, table, ch, np.zeros(8), max_batch=4, prefill=False)
     mixed = [i for i, c in enumerate(ch.ctx) if len(c) > 1 and c.max() > c.mean()]
     assert mixed
@@ -74,11 +74,11 @@ def test_joining_requests_pay_their_prefills_one_after_another(logs, lat):
     """Two requests at t = 0 and two slots: both are prefilled before the first step, the second's
     join is when its prefill starts; the steps' busy time does not include them."""
     assert lat.has_prefill
-    table = ShapeTable(logs, [S.OFF])
+    table = ShapeTable(logs, [step_shape.OFF])
     n = logs.context_len[logs.offsets[[0, 1]]]
     pf = lat.t_prefill(n)
-    res = serve(logs, lat, table, StaticChooser(S.OFF), [0.0, 0.0], max_batch=2, request_seq=[0, 1])
-    bare = serve(logs, lat, table, StaticChooser(S.OFF), [0.0, 0.0], max_batch=2, request_seq=[0, 1], prefill=False)
+    res = serve(logs, lat, table, StaticChooser(step_shape.OFF), [0.0, 0.0], max_batch=2, request_seq=[0, 1])
+    bare = serve(logs, lat, table, StaticChooser(step_shape.OFF), [0.0, 0.0], max_batch=2, request_seq=[0, 1], prefill=False)
     assert res.join.tolist() == pytest.approx([0.0, pf[0]]) and res.step_start[0] == pytest.approx(pf.sum())
     assert np.array_equal(res.step_time, bare.step_time)
     assert res.finish - bare.finish == pytest.approx(np.full(2, pf.sum()))
@@ -88,9 +88,9 @@ def test_joining_requests_pay_their_prefills_one_after_another(logs, lat):
 
 
 def test_a_request_arriving_during_a_prefill_joins_at_the_same_boundary(logs, lat):
-    table = ShapeTable(logs, [S.OFF])
+    table = ShapeTable(logs, [step_shape.OFF])
     pf0 = float(lat.t_prefill(logs.context_len[logs.offsets[0]]))
-    res = serve(logs, lat, table, StaticChooser(S.OFF), [0.0, 0.5 * pf0], max_batch=2, request_seq=[0, 1])
+    res = serve(logs, lat, table, StaticChooser(step_shape.OFF), [0.0, 0.5 * pf0], max_batch=2, request_seq=[0, 1])
     assert res.join[1] == pytest.approx(pf0) and res.step_batch[0] == 2
 
 

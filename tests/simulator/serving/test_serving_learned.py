@@ -14,8 +14,8 @@ from pipeline.errors import DraftGymError
 from simulator.baselines import StaticPolicy
 from simulator.methods.resps.serving_policy import LoadAwarePolicy
 from simulator.policy_specs import load_policy
-from simulator.serving import observations as O
-from simulator.serving import shapes as S
+from simulator.serving import observations
+from pipeline.decode import step_shape
 from simulator.serving.choosers.base import StepView
 from simulator.serving.env import LoadEnv, LoadEnvConfig
 from simulator.serving.choosers.learned import LearnedChooser
@@ -23,7 +23,7 @@ from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
 from tests.simulator.serving.conftest import root, logs, lat  # noqa: F401 (pytest fixtures)
 
-SHAPES = [S.OFF, S.chain(1), S.chain(3), S.canonical((3, 4, 10))]
+SHAPES = [step_shape.OFF, step_shape.chain(1), step_shape.chain(3), step_shape.canonical((3, 4, 10))]
 
 
 def _env(logs, lat, **kw):
@@ -37,7 +37,7 @@ class _RandomServingPolicy:
     serving = True
 
     def __init__(self, hold, spec):
-        self.shapes, self.hold, self.obs_spec, self.name = [S.label(s) for s in SHAPES], hold, spec.to_json(), "random"
+        self.shapes, self.hold, self.obs_spec, self.name = [step_shape.label(s) for s in SHAPES], hold, spec.to_json(), "random"
         self.seen = []
 
     def reset(self, n_envs=1, seed=0):
@@ -83,11 +83,11 @@ def test_observation_is_the_same_from_the_env_and_from_a_step(logs, lat):
 
 
 def test_probe_forwards_and_ema():
-    spec = O.LoadObsSpec(max_batch=8, confidence_depth=2, probe_width=1)
+    spec = observations.LoadObsSpec(max_batch=8, confidence_depth=2, probe_width=1)
     d, w = np.array([0, 1, 2, 3, 3]), np.array([1, 1, 1, 1, 4])
-    assert O.probe_forwards(spec, d, w).tolist() == [2, 1, 0, 0, 1]   # off; chains; a tree shares forward 1
-    assert O.probe_forwards(O.LoadObsSpec(confidence_depth=0), d, w).tolist() == [0] * 5
-    ema, has = O.ema_update(spec, np.zeros(3), np.array([False, True, True]), np.array([True, True, False]),
+    assert observations.probe_forwards(spec, d, w).tolist() == [2, 1, 0, 0, 1]   # off; chains; a tree shares forward 1
+    assert observations.probe_forwards(observations.LoadObsSpec(confidence_depth=0), d, w).tolist() == [0] * 5
+    ema, has = observations.ema_update(spec, np.zeros(3), np.array([False, True, True]), np.array([True, True, False]),
                             np.array([2.0, 2.0, 2.0]))
     assert ema.tolist() == [2.0, 0.4, 0.0] and has.tolist() == [True, True, True]
 
@@ -138,7 +138,7 @@ def test_the_load_replay_holds_each_decision(logs, lat):
             self.contexts.append(float(lat.step_context(view.context_len)))
             return super().choose(view)
 
-    spec = O.make_spec(logs, 4, confidence_depth=1)
+    spec = observations.make_spec(logs, 4, confidence_depth=1)
     pol = _RandomServingPolicy(3, spec)
     table = ShapeTable(logs, SHAPES)
     ch = Recording(pol)
@@ -152,7 +152,7 @@ def test_the_load_replay_holds_each_decision(logs, lat):
     extra = res.step_time - bare
     dec = np.arange(n) % 3 == 0
     assert np.allclose(extra[~dec], 0.0, atol=1e-15)
-    want = O.decision_cost(spec, lat, table.depth[res.step_shape[dec]], table.width[res.step_shape[dec]],
+    want = observations.decision_cost(spec, lat, table.depth[res.step_shape[dec]], table.width[res.step_shape[dec]],
                            res.step_batch[dec], c[dec])
     assert np.allclose(extra[dec], want, rtol=1e-9) and (extra[dec] > 0).all()
 

@@ -22,8 +22,9 @@ from simulator.policies.nets import build_net
 from simulator.methods.radar.serving_policy import RadarLoadPolicy, level_inputs, stop_depth
 from simulator.methods.resps.serving_policy import LoadAwarePolicy
 from simulator.policy_specs import load_policy
-from simulator.serving import observations as O
-from simulator.serving import shapes as S
+from simulator.serving import observations
+from pipeline.decode import step_shape
+from simulator.serving.inputs import replayable
 from simulator.serving.choosers.learned import LearnedChooser
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
@@ -72,23 +73,23 @@ def test_ltd_action_set_and_index(logs):
     shapes are every canonical (D, 1, V), deduplicated; index[D, j] names the shape of (D, V_j)."""
     cfg = LTDLoadConfig(width=1, max_depth=3)
     shapes = ltd_shapes(logs, cfg)
-    labels = [S.label(s) for s in shapes]
+    labels = [step_shape.label(s) for s in shapes]
     assert labels == ["off", "chain:1", "tree:2,1,2", "chain:2", "tree:3,1,2", "chain:3"]
     index = decision_index(shapes, 1, 3, [2, 4])
     assert index.tolist() == [[0, 0], [1, 1], [2, 3], [4, 5]]
-    spec = O.make_spec(logs, 4).to_json()
+    spec = observations.make_spec(logs, 4).to_json()
     dim = spec["dim"]
     for d, j in ((0, 1), (1, 0), (2, 0), (2, 1), (3, 1)):                # the heads' argmax -> that shape's index
         bias_d, bias_v = np.zeros(4), np.zeros(2)
         bias_d[d], bias_v[j] = 5.0, 5.0
         pol = LTDLoadPolicy(_net(dim, 4, bias_d), _net(dim + 1, 2, bias_v), labels, index, [2, 4], 1, 3, spec)
         a = pol.act(np.zeros((2, dim), np.float32))
-        want = S.canonical((d, 1, [2, 4][j]))
-        assert [S.parse(labels[i]) for i in a] == [want, want]
+        want = step_shape.canonical((d, 1, [2, 4][j]))
+        assert [step_shape.parse(labels[i]) for i in a] == [want, want]
     with pytest.raises(DraftGymError, match="does not fit"):
         LTDLoadPolicy(_net(dim, 4, bias_d), _net(dim + 1, 2, bias_v), labels[:4], index, [2, 4], 1, 3, spec)
     tree = ltd_shapes(logs, LTDLoadConfig(width=4, max_depth=2, verify_sizes="4,8"))
-    assert [S.label(s) for s in tree] == ["off", "tree:1,4,4", "tree:1,4,5", "tree:2,4,4", "tree:2,4,8"]
+    assert [step_shape.label(s) for s in tree] == ["off", "tree:1,4,4", "tree:1,4,5", "tree:2,4,4", "tree:2,4,8"]
     with pytest.raises(DataError, match="width 3"):
         ltd_shapes(logs, LTDLoadConfig(width=3, max_depth=2))
 
@@ -96,23 +97,23 @@ def test_ltd_action_set_and_index(logs):
 def test_radar_action_set_walk_and_level_inputs(logs):
     """Shapes [off, shape(1) .. shape(Dmax)] (index = D); the walk stops at the first STOP; level d reads
     the confidence of depth min(max(d, 1), k) from the observation."""
-    assert [S.label(s) for s in radar_shapes(logs, RadarLoadConfig(width=1, max_depth=3))] == \
+    assert [step_shape.label(s) for s in radar_shapes(logs, RadarLoadConfig(width=1, max_depth=3))] == \
         ["off", "chain:1", "chain:2", "chain:3"]
-    assert [S.label(s) for s in radar_shapes(logs, RadarLoadConfig(width=4, max_depth=2))] == \
+    assert [step_shape.label(s) for s in radar_shapes(logs, RadarLoadConfig(width=4, max_depth=2))] == \
         ["off", "tree:1,4,5", "tree:2,4,21"]
     with pytest.raises(DraftGymError, match="one per depth"):
         radar_shapes(logs, RadarLoadConfig(width=1, max_depth=3, verify="4,8"))
     cont = np.array([[False, True, True], [True, True, False], [True, True, True], [True, False, True]])
     assert stop_depth(cont).tolist() == [0, 2, 3, 1]
-    spec = O.make_spec(logs, 4, confidence_depth=2).to_json()
+    spec = observations.make_spec(logs, 4, confidence_depth=2).to_json()
     obs = np.random.default_rng(0).normal(size=(3, spec["dim"])).astype(np.float32)
     x = level_inputs(obs, spec, 4)                                     # [3, 4, dim + 3]
     assert x.shape == (3, 4, spec["dim"] + 3) and np.array_equal(x[:, 2, :spec["dim"]], obs)
     assert np.allclose(x[0, :, spec["dim"]], [0, 0.25, 0.5, 0.75])
     for d, depth in ((0, 1), (1, 1), (2, 2), (3, 2)):
-        col = O.N_BASE + 2 * (depth - 1)
+        col = observations.N_BASE + 2 * (depth - 1)
         assert np.array_equal(x[:, d, -2:], obs[:, col:col + 2])
-    assert not level_inputs(obs[:, :O.N_BASE], {**spec, "confidence_depth": 0}, 4)[..., -2:].any()
+    assert not level_inputs(obs[:, :observations.N_BASE], {**spec, "confidence_depth": 0}, 4)[..., -2:].any()
     labels = ["off", "chain:1", "chain:2", "chain:3"]
     for stop, cont, want in ((5.0, 0.0, 0), (0.0, 5.0, 3)):             # always STOP: off; always CONTINUE: Dmax
         bias = np.zeros(2)
@@ -139,11 +140,11 @@ def test_each_method_trains_saves_loads_and_serve_eval_replays_it(root, tmp_path
     assert any("val" in h for h in training["history"]) and (out / "training_curve.png").is_file()
     pol = load_policy(str(out))
     assert type(pol) is cls and pol.serving and pol.hold == 2 and pol.shapes == summary["shapes"]
-    assert pol.shapes[0] == "off" and all(S.replayable(load_logs(root, widths="all", split="all"), S.parse(s))
+    assert pol.shapes[0] == "off" and all(replayable(load_logs(root, widths="all", split="all"), step_shape.parse(s))
                                           for s in pol.shapes)
     if method != "resps":
         assert man["shape"]["width"] == 1 and man["shape"]["max_depth"] == 3 and len(pol.shapes) >= 4
-        assert all(S.canonical(S.parse(s))[0] <= 3 for s in pol.shapes)
+        assert all(step_shape.canonical(step_shape.parse(s))[0] <= 3 for s in pol.shapes)
     a = pol.act(np.zeros((5, pol.obs_spec["dim"]), np.float32))
     assert a.shape == (5,) and ((0 <= a) & (a < len(pol.shapes))).all()
     with pytest.raises(DraftGymError, match="serving policy"):
@@ -185,7 +186,7 @@ def test_a_learned_policy_picks_off_at_large_batch_where_drafting_is_expensive(e
     cfg.ppo.n_envs, cfg.ppo.n_steps, cfg.ppo.minibatch, cfg.ppo.lr, cfg.ppo.eval_every = 16, 8, 64, 3e-3, 1000
     res = train_load(cfg)
     pol = res["policy"] if method != "resps" else \
-        LoadAwarePolicy(res["actor"], [S.label(s) for s in res["shapes"]], 3, res["obs_spec"])
+        LoadAwarePolicy(res["actor"], [step_shape.label(s) for s in res["shapes"]], 3, res["obs_spec"])
     logs, lat = load_logs(expensive_root, widths="all", split="all"), LatencyModel.from_logs(expensive_root)
     table = ShapeTable(logs, res["shapes"])
 
@@ -203,7 +204,7 @@ def test_a_learned_policy_picks_off_at_large_batch_where_drafting_is_expensive(e
     busy = decisions(np.zeros(24))                                     # a closed batch of 4, then the drain
     full = busy[busy[:, 0] == 4, 1]
     alone = decisions(np.arange(8) * 100.0)[:, 1]                      # one request at a time: B = 1
-    off = table.index(S.OFF)
+    off = table.index(step_shape.OFF)
     assert len(full) >= 5 and len(alone) >= 8
     assert (full == off).mean() >= 0.9, f"{method}: drafts at B = 4 in {(full != off).mean():.0%} of decisions"
     assert (alone != off).mean() >= 0.8, f"{method}: off at B = 1 in {(alone == off).mean():.0%} of decisions"

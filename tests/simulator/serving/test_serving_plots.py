@@ -16,7 +16,8 @@ from pipeline.errors import DataError
 from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
 from simulator.serving import arrivals as arr
 from simulator.serving import plots
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
+from simulator.serving.inputs import candidates
 from simulator.serve_eval import ServeEvalConfig, method_name, rate_sweep, serve_eval
 from simulator.serving.schedule import Schedule
 from simulator.serving.tune import tune
@@ -71,11 +72,11 @@ def test_bench_curves_read_the_report():
 
 
 def test_replay_curves_are_tunes_closed_batch(logs, lat):
-    shapes = {"ar": S.OFF, "chain:2": S.chain(2), "tree:3,10,20": (3, 10, 20), "deep": (9, 10, 60)}
+    shapes = {"ar": step_shape.OFF, "chain:2": step_shape.chain(2), "tree:3,10,20": (3, 10, 20), "deep": (9, 10, 60)}
     pred, notes = plots.replay_curves(logs, lat, shapes, [1, 4])
     assert set(pred) == {"ar", "chain:2", "tree:3,10,20"}
     assert len(notes) == 1 and notes[0].startswith("deep: not replayed") and "max_depth" in notes[0]
-    ref = tune(logs, lat, [1, 4], [S.OFF, S.chain(2), (3, 10, 20)], refine=False)                # the same numbers, another path
+    ref = tune(logs, lat, [1, 4], [step_shape.OFF, step_shape.chain(2), (3, 10, 20)], refine=False)                # the same numbers, another path
     for a, name in enumerate(["ar", "chain:2", "tree:3,10,20"]):
         assert [pred[name][1], pred[name][4]] == pytest.approx(ref["tokens_per_s"][:, a].tolist(), rel=1e-12)
     assert pred["ar"][4] > pred["ar"][1]                  # AR's rows share the step: more tokens/s at B = 4
@@ -106,7 +107,7 @@ def test_plot_schedule_bands_and_candidates():
     """A hand-made tuning table: chain 3 best at B = 1, 2; off from B = 4 (to 8)."""
     tuning = {"batch_sizes": [1, 2, 4], "shapes": ["off", "chain:3", "tree:2,10,10"],
               "tokens_per_s": [[10.0, 25.0, 20.0], [19.0, 30.0, 22.0], [35.0, 30.0, 21.0]]}
-    sched = Schedule.from_choices([1, 2, 4], [S.chain(3), S.chain(3), S.OFF], max_batch=8, tuning=tuning)
+    sched = Schedule.from_choices([1, 2, 4], [step_shape.chain(3), step_shape.chain(3), step_shape.OFF], max_batch=8, tuning=tuning)
     assert [(lo, hi) for lo, hi, _ in sched.ranges] == [(1, 3), (4, 8)]
     ax = plots.plot_schedule(sched).axes[0]
     bands = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches]
@@ -121,11 +122,11 @@ def test_plot_schedule_bands_and_candidates():
     assert lines["off"].get_ydata().tolist() == [10.0, 19.0, 35.0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["off", "chain:3", "best at B"]
     with pytest.raises(DataError, match="no tuning table"):
-        plots.plot_schedule(Schedule.static(S.chain(2), 4))
+        plots.plot_schedule(Schedule.static(step_shape.chain(2), 4))
 
 
 def test_plot_schedule_of_a_tune(logs, lat):
-    res = tune(logs, lat, [1, 2, 4, 8], S.candidates(logs, "all"))
+    res = tune(logs, lat, [1, 2, 4, 8], candidates(logs, "all"))
     ax = plots.plot_schedule(res["schedule"]).axes[0]
     labels = [ln.get_label() for ln in ax.lines]
     assert sorted(labels[:-1]) == sorted(res["schedule"].tuning["shapes"]) and labels[-1] == "best at B"

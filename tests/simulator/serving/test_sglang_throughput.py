@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.errors import DataError, DraftGymError
 from simulator.serving import arrivals as arr
-from simulator.serving import shapes as S
+from pipeline.decode import step_shape
 from simulator.serving.choosers.base import StepView
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
@@ -21,7 +21,7 @@ class CostTable:
     """index(chain K) = K; a step of chain K costs (10 + 5 K) ms at B <= 4, twice that above."""
 
     def index(self, shape):
-        return S.chain_k(shape)
+        return step_shape.chain_k(shape)
 
     def step_time(self, latency, a, batch, context_len):
         return np.array([(10 + 5 * a[0]) / 1e3 * (1 if batch <= 4 else 2)])
@@ -79,7 +79,7 @@ def test_config_checks_and_defaults():
 
 def test_it_runs_in_the_load_replay(logs, lat):
     ch = SGLangThroughput({"window_size": 3, "update_interval": 2, "1": {"candidate_steps": [1, 2, 3]}})
-    table = ShapeTable(logs, list(dict.fromkeys([S.OFF, *ch.shapes()])))
+    table = ShapeTable(logs, list(dict.fromkeys([step_shape.OFF, *ch.shapes()])))
     res = serve(logs, lat, table, ch, arr.poisson(20.0, 20, seed=0), max_batch=8)
     used = {table.shapes[a] for a in res.step_shape}
     assert used <= set(ch.shapes()) and len(used) > 1                 # it moved
@@ -95,11 +95,11 @@ def test_on_the_device_it_prices_with_the_same_profile(logs, lat):
     dev, rep = ShapeIndex(ch.shapes()), ShapeTable(logs, ch.shapes())
     for k in (1, 3, 7):
         for b in (1, 3, 8):
-            a = [dev.index(S.chain(k))]
+            a = [dev.index(step_shape.chain(k))]
             assert float(dev.step_time(lat, a, b, [2048.0])[0]) == pytest.approx(
-                float(rep.step_time(lat, [rep.index(S.chain(k))], b, [2048.0])[0]), rel=1e-9)
+                float(rep.step_time(lat, [rep.index(step_shape.chain(k))], b, [2048.0])[0]), rel=1e-9)
     with pytest.raises(DraftGymError, match="latency profile; none was given"):
         ChooserController(SGLangThroughput(), [10]).reset()
     ctl = ChooserController(SGLangThroughput(), [10], lat)
     ctl.reset()
-    assert ctl.chooser.cost_ms(3, 5) == pytest.approx(1e3 * float(rep.step_time(lat, [rep.index(S.chain(5))], 4, [2048.0])[0]))
+    assert ctl.chooser.cost_ms(3, 5) == pytest.approx(1e3 * float(rep.step_time(lat, [rep.index(step_shape.chain(5))], 4, [2048.0])[0]))
