@@ -65,7 +65,7 @@ def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135
                        n_tokens: int = 48, device: str | None = None, progress: bool = True,
                        dtype: str | None = None) -> dict:
     """Load the checkpoints, the target and the head, then `profile_policies`."""
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
     from pipeline.models.head import load_head_for
     from pipeline.models.target import load_target
     from simulator.methods.checkpoint import load_checkpoint

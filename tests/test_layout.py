@@ -27,8 +27,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def _modules() -> dict[str, Path]:
-    """Every module of the three packages, at any depth (`pipeline/decode/engine.py` is
-    `pipeline.decode.engine`; a package's `__init__.py` is the package itself)."""
+    """Every module of the three packages, at any depth (`pipeline/decode/engine/single.py` is
+    `pipeline.decode.engine.single`; a package's `__init__.py` is the package itself)."""
     mods = {}
     for p in PACKAGES:
         for f in (ROOT / p).rglob("*.py"):
@@ -38,7 +38,7 @@ def _modules() -> dict[str, Path]:
 
 
 def _resolve(name: str, mods) -> str | None:
-    """The module an imported name lands in: `pipeline.decode.engine.Engine` -> `pipeline.decode.engine`."""
+    """The module an imported name lands in: `pipeline.decode.engine.single.Engine` -> `pipeline.decode.engine.single`."""
     while name and name not in mods:
         name = name.rpartition(".")[0]
     return name or None
@@ -50,7 +50,7 @@ def _graph() -> dict[str, set[str]]:
     for m, f in mods.items():
         deps = {_resolve(i, mods) for i in _imports(f)}
         # a package's own __init__ does not count as a dependency of its members (importing
-        # pipeline.decode.engine runs pipeline/decode/__init__.py, which imports nothing)
+        # pipeline.decode.engine.single runs pipeline/decode/__init__.py, which imports nothing)
         g[m] = {d for d in deps if d and d != m and not m.startswith(d + ".")}
     return g
 

@@ -12,8 +12,8 @@ import argparse
 import time
 
 from pipeline.datasets import load_prompts
-from pipeline.decode.batch.engine import BatchEngine
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.core import BatchEngine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import load_head_for
 from pipeline.models.target import encode_prompt, load_target
 from pipeline.runtime.fingerprint import cpu_model

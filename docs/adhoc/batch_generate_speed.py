@@ -17,7 +17,7 @@ import torch
 from pipeline.collect.prompt import CollectConfig, collect_prompt, collect_prompts
 from pipeline.datasets import load_prompts
 from pipeline.decode.continuations import generate_batch
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.decode.lossless import classify, summarize_verdicts
 from pipeline.models.head import load_head_for
 from pipeline.models.target import encode_prompt, load_target

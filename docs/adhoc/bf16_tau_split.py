@@ -16,7 +16,7 @@ import argparse
 import numpy as np
 
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.decode.lossless import first_difference
 from pipeline.logs.query import connect
 from pipeline.models.head import load_head_for

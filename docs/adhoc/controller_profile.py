@@ -13,7 +13,7 @@ import time
 import torch
 
 from online.adapters.policy import PolicyController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import load_head_for
 from pipeline.models.target import encode_prompt, load_target
 from simulator.methods.checkpoint import load_checkpoint

@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline.collect.prompt import CollectConfig, collect_prompts
 from pipeline.datasets import load_prompts
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.logs.schema import DEFAULT_VERIFY_GRID
 from pipeline.models.head import load_head_for
 from pipeline.models.target import encode_prompt, load_target

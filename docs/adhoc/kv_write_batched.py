@@ -1,5 +1,5 @@
 """The target KV write of the engine at B > 1, before and after it became one flat index_copy_ per
-layer (pipeline/decode/batch/kv.py BatchSlotKV.update): the previous advanced-index write, patched
+layer (pipeline/decode/engine/kv.py BatchSlotKV.update): the previous advanced-index write, patched
 back in, against today's, interleaved in one run on the same prompts (issue N: the batched tables
 must be no slower; log one-engine 3).
 
@@ -13,8 +13,8 @@ import time
 import torch
 
 from pipeline.datasets import load_prompts
-from pipeline.decode.batch.engine import BatchEngine
-from pipeline.decode.batch.kv import BatchSlotKV
+from pipeline.decode.engine.core import BatchEngine
+from pipeline.decode.engine.kv import BatchSlotKV
 from pipeline.decode.controller import StaticController
 from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import load_head_for

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from pipeline.decode.batch.kv import BatchSlotKV
+from pipeline.decode.engine.kv import BatchSlotKV
 from pipeline.runtime.fingerprint import cpu_model
 
 LAYERS, N_KV, D, S, N = 30, 3, 64, 400, 150

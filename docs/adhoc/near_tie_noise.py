@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from pipeline.datasets import load_prompts
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.decode.lossless import rounding_noise
 from pipeline.models.target import encode_prompt, load_target
 

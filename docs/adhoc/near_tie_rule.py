@@ -2,7 +2,7 @@
 12 held-out prompts x 2 static trees, 96 new tokens; every EAGLE-3 output classified against AR
 (pipeline/decode/lossless.py), first with the engine's greedy acceptance, then with the deliberately
 biased rule of tests/pipeline/decode/test_lossless.py (a draft is accepted when it is among the target's top-2),
-planted where the engine accepts (`accept_greedy_batch` of pipeline/decode/batch/engine.py and
+planted where the engine accepts (`accept_greedy_batch` of pipeline/decode/engine/core.py and
 step.py, as tests/pipeline/decode/test_lossless.py plants it). Prints each divergence (prompt, shape, status, k, gap
 in logits, gap in ulps, tolerance) and the counts.
 
@@ -11,11 +11,11 @@ in logits, gap in ulps, tolerance) and the counts.
 import argparse
 import time
 
-import pipeline.decode.batch.engine as batch_engine_mod
-import pipeline.decode.batch.step as batch_step_mod
+import pipeline.decode.engine.core as batch_engine_mod
+import pipeline.decode.engine.step as batch_step_mod
 from pipeline.datasets import load_prompts
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.decode.lossless import classify
 from pipeline.models.head import load_head_for
 from pipeline.models.target import encode_prompt, load_target

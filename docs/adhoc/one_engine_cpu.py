@@ -22,7 +22,7 @@ import torch
 
 from pipeline.datasets import load_prompts
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import load_head_for
 from pipeline.models.target import encode_prompt, load_target
 from pipeline.runtime.fingerprint import cpu_model

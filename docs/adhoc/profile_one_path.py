@@ -24,7 +24,7 @@ import tempfile
 
 CHILD = r'''
 import json, sys, time, torch
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 try:                                    # this layout (pipeline/models/)
     from pipeline.models.head import load_head_for
     from pipeline.models.target import load_target

@@ -1,5 +1,5 @@
 """A simulator step chooser steering the batched engine: the same object picks the step's shape in
-the serving replay (simulator/serving/load.py) and on the device (pipeline/decode/batch/engine.py).
+the serving replay (simulator/serving/load.py) and on the device (pipeline/decode/engine/core.py).
 
 A chooser (simulator/serving/choosers/base.py) answers an index into a table of shapes, from a StepView
 of the batch, and learns from each step's accepted lengths. Here the table is the chooser's own
@@ -27,7 +27,7 @@ Per-request budgets (base.RowChooser: vLLM's adaptive verification, DraftGym's l
 as `RowChooserController`: plan asks draft_depth, the engine drafts that chain for every row, reads
 its running draft log-probs once ([B, D], the engine's row_budgets hook) and row_caps turns them into
 each row's kept drafts; the engine verifies each row's own prefix, losslessly (per-request budgets
-are eager and greedy: pipeline/decode/batch/engine.py). `controller_for` picks the class.
+are eager and greedy: pipeline/decode/engine/core.py). `controller_for` picks the class.
 
 Cost. At a decision step the engine runs the pending draft forward before the policy is asked (the
 probe). If the policy picks a drafting shape, that forward is its own first one (no extra work); if

@@ -4,7 +4,7 @@
         --batch-sizes 1,2,4,8,16,32 --grid-best D,W,V --dtypes float32,bfloat16 --out data/reports/bench_batch.json
 
 Run it on a quiet machine: every figure is a timing. Per dtype, on the first N held-out prompts of at
-most --max-prompt-tokens tokens, the batched engine (pipeline/decode/batch/engine.py) decodes all N
+most --max-prompt-tokens tokens, the batched engine (pipeline/decode/engine/core.py) decodes all N
 prompts at each B (continuous batching: a finished row's slot takes the next prompt), greedy, with
 
     AR (every step off), chains K = --chains, trees --trees, and --grid-best (this machine's batch-1 best)
@@ -152,7 +152,7 @@ def best_and_crossover(tps: dict[str, dict[int, float]], batch_sizes) -> tuple[d
 # ---------------------------------------------------------------------------------- one dtype
 
 def run_dtype(args, dtype: str, methods: dict, batch_sizes) -> dict:
-    from pipeline.decode.batch.engine import BatchEngine
+    from pipeline.decode.engine.core import BatchEngine
     from pipeline.models.head import load_head_for
     from pipeline.models.target import load_target
     from pipeline.runtime.fingerprint import environment_fingerprint

@@ -42,7 +42,7 @@ from pipeline.collect.prompt import CollectConfig
 from pipeline.collect.job import run_collect
 from pipeline.decode.controller import StaticController
 from pipeline.datasets import load_prompts
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.errors import DraftGymError
 from pipeline.runtime.fingerprint import dtype_name, environment_fingerprint
 from pipeline.models.head import load_head_for

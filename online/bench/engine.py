@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from pipeline.decode.controller import StaticController
 from pipeline.datasets import load_prompts
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.runtime.fingerprint import environment_fingerprint
 from pipeline.models.head import load_head_for
 from pipeline.profiling.timed_ops import draft_op, time_op, verify_op

@@ -29,10 +29,10 @@ NEW_TOKENS = 8
 
 
 def _cases(model, head, cfg, prompt):
-    from pipeline.decode.batch.engine import BatchEngine
+    from pipeline.decode.engine.core import BatchEngine
     from pipeline.decode.continuations import generate_batch
     from pipeline.decode.controller import StaticController
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
 
     eng, beng = Engine(model, head), BatchEngine(model, head)
     long_p, short = prompt(max(cfg.contexts)), [prompt(min(cfg.contexts)) for _ in range(2)]

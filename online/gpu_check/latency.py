@@ -24,7 +24,7 @@ Batch B (each B a separate call, all rows of one prompt length, no EOS, after a 
                  batched engine's AR step):
                  (wall(1 + T new tokens) - wall(1)) / T, median of 3 such pairs (None where that
                  difference is below the timer's noise, as for the dry run's tiny model)
-    spec_batch   one step of the batched engine (pipeline/decode/batch/engine.py) at batch B: median
+    spec_batch   one step of the batched engine (pipeline/decode/engine/core.py) at batch B: median
                  t_step of its AR (every step off) and of each tree shape; break-even tau(B) =
                  t_step(shape) / t_step(AR); its AR step also as a multiple of the weight-read bound.
                  Twice where the device has CUDA graphs: replayed from graphs ("graphs", the
@@ -62,7 +62,7 @@ def _median_ms(xs) -> float | None:
 
 def profile_latency(cfg, deadline: float, model, head) -> dict:
     """Every table of the module docstring that fits before `deadline` (perf_counter seconds)."""
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
     from pipeline.runtime.fingerprint import device_name, dtype_name
 
     dev = next(model.parameters()).device
@@ -198,7 +198,7 @@ def collection_rate(model, head, cfg, prompt, ar_step_ms: float | None) -> dict:
     tokens. positions/s against the online AR tokens/s at batch 1 (1 / the AR step above): with a
     random head nothing is accepted, so no online EAGLE-3 figure exists to compare with here."""
     from pipeline.collect.prompt import CollectConfig, collect_prompts, generate_continuations
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
 
     eng, clock = Engine(model, head), DeviceClock(next(model.parameters()).device)
     ccfg = CollectConfig(model=cfg.target, dtype=cfg.dtype, max_new_tokens=cfg.collect_tokens, widths=(max(cfg.widths),))
@@ -222,7 +222,7 @@ def spec_batch_steps(model, head, cfg, deadline: float, prompt) -> dict:
     """Median step times of the batched engine at each B: its AR (every step off) and each tree
     shape, replayed from CUDA graphs and eager where the device has graphs (module docstring)."""
     try:
-        from pipeline.decode.batch.engine import BatchEngine
+        from pipeline.decode.engine.core import BatchEngine
         from pipeline.decode.controller import StaticController
         from pipeline.decode.step_shape import StepShape
     except ImportError as e:

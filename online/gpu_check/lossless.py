@@ -27,7 +27,7 @@ def _row(summ: dict, **head) -> dict:
 def check_lossless(cfg, deadline: float, model, head) -> dict:
     """AR once per prompt, then EAGLE-3 at every shape; each output classified against AR's."""
     from pipeline.decode.controller import StaticController
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
 
     eng = Engine(model, head)
     g = torch.Generator().manual_seed(0)
@@ -63,7 +63,7 @@ def check_lossless(cfg, deadline: float, model, head) -> dict:
 
 def check_lossless_batched(cfg, deadline: float, model, head) -> dict:
     """The batched engine at each B (module docstring): one row per (B, shape)."""
-    from pipeline.decode.batch.engine import BatchEngine
+    from pipeline.decode.engine.core import BatchEngine
     from pipeline.decode.controller import StaticController
     from pipeline.decode.step_shape import StepShape
 

@@ -30,7 +30,7 @@ PROFILE_FILE = "gpu_profile.parquet"
 
 def gpu_profile(cfg, deadline: float, model, head, work: Path, out: Path) -> dict:
     """profile_engine on the check's target into `work`, copied to out/gpu_profile.parquet; a summary."""
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
     from pipeline.profiling.profile import profile_engine
     from simulator.latency.model import LatencyModel
 

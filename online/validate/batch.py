@@ -1,5 +1,5 @@
 """`draftgym validate --batch-sizes 1,4,16`: every method at every batch size B on this device, with
-the batched engine (pipeline/decode/batch/engine.py, continuous batching, one shape per step).
+the batched engine (pipeline/decode/engine/core.py, continuous batching, one shape per step).
 
 Methods: AR (every step off), each static shape of --shapes (trees "tree:D,W,V" and chains
 "chain:K", spelled as `draftgym tune` spells them) and, with --schedule, a schedule JSON written by
@@ -335,7 +335,7 @@ def interleave_slices(cfg: ValidateConfig, methods: list[Method], engine, tokeni
 def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
     """Every method at every B on every dataset's prompts; report.json, report.md, the PNG and the
     step tables go to cfg.out, and the report is returned."""
-    from pipeline.decode.batch.engine import BatchEngine
+    from pipeline.decode.engine.core import BatchEngine
     from pipeline.models.head import load_head_for
     from pipeline.models.target import encode_prompt, load_target, resolve_dtype_name
     from pipeline.runtime.fingerprint import device_name, environment_fingerprint

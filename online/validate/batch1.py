@@ -126,7 +126,7 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     """Every method decodes every dataset's prompts on this device; the report (report.json,
     report.md, cycles Parquet) goes to cfg.out and is returned."""
     from online.validate.reanchor import reanchor_for_validate
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
     from pipeline.models.head import load_head_for
     from pipeline.models.target import load_target, resolve_dtype_name
     from pipeline.runtime.fingerprint import device_name, environment_fingerprint

@@ -50,7 +50,7 @@ class BatchProfileSlices:
     pools every slice's samples into latency rows (op, stats, W, V, c, B)."""
 
     def __init__(self, engine, tokenizer, shapes_at: dict[int, list[tuple]], contexts, rounds: int):
-        from pipeline.decode.batch.engine import BatchEngine
+        from pipeline.decode.engine.core import BatchEngine
         from pipeline.profiling.profile import context_prompt
 
         if rounds < 1:

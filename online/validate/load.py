@@ -6,7 +6,7 @@ Requests: request k arrives at trace[k] s and decodes prompt k mod N of the data
 order). With --logs holding the prompt, it decodes as many tokens as its logged sequence
 (max_new_tokens = the sequence's new tokens), so the device and the replay decode the same work;
 else --max-new-tokens. The engine skips the waits for the next arrival on its clock (nothing runs
-then: pipeline/decode/batch/engine.py), so a sparse trace costs no idle time.
+then: pipeline/decode/engine/core.py), so a sparse trace costs no idle time.
 
 Methods, every one on the same arrivals, each driven on the device and in the replay by the same
 chooser (online/adapters/chooser.py):
@@ -230,7 +230,7 @@ def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
     from online.validate.batch import step_table_rows
     from online.validate.common import load_replay
     from pipeline.logs.schema import write_batch_steps
-    from pipeline.decode.batch.engine import BatchEngine
+    from pipeline.decode.engine.core import BatchEngine
     from pipeline.models.head import load_head_for
     from pipeline.models.target import encode_prompt, load_target, resolve_dtype_name
     from pipeline.runtime.fingerprint import device_name, environment_fingerprint

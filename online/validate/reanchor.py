@@ -46,7 +46,7 @@ import numpy as np
 from pipeline import metrics
 from pipeline.collect.actor import GROUP_PROMPTS, GROUP_TOKENS, write_prompt_log
 from pipeline.collect.prompt import CollectConfig, PromptLog, collect_prompts, generate_past_eos
-from pipeline.decode.batch.prefill import length_groups
+from pipeline.decode.engine.prefill import length_groups
 from pipeline.errors import DraftGymError
 from pipeline.logs.storage import resolve_out
 

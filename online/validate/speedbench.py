@@ -10,7 +10,7 @@ Warm-up generations come first.
 
 `run_calls` is the one driver under it, under `validate --batch-sizes` (online/validate/batch.py)
 and under `validate --load-trace` (online/validate/load.py): the same engine
-(pipeline/decode/batch/engine.py), the same calls, the same lossless references at every batch
+(pipeline/decode/engine/core.py), the same calls, the same lossless references at every batch
 size; the per-prompt timing is its calls of one prompt at B = 1, the per-B table its calls of a
 queue of max(N, 2B) prompts at each B, the load trace one call per run with the trace's arrivals.
 """
@@ -23,9 +23,9 @@ from typing import Callable
 from tqdm import tqdm
 
 from pipeline import metrics
-from pipeline.decode.batch.engine import BatchEngine
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.controller import Controller
-from pipeline.decode.engine import GenerationResult
+from pipeline.decode.engine.single import GenerationResult
 from pipeline.decode.lossless import classify
 
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from pipeline.decode.batch.prefill import length_groups
+from pipeline.decode.engine.prefill import length_groups
 from pipeline.collect.prompt import CollectConfig, collect_prompt, collect_prompts, generate_continuations
 from pipeline.errors import DraftGymError, first_line
 from pipeline.logs.schema import (FAILURES, SCHEMA_VERSION, SEQUENCES, partition_parts, positions_table, prompt_hash,
@@ -65,7 +65,7 @@ class CollectorActor:
                  continuation_cache: bool = True):
         import torch
 
-        from pipeline.decode.engine import Engine
+        from pipeline.decode.engine.single import Engine
         from pipeline.runtime.fingerprint import environment_fingerprint
         from pipeline.models.head import load_head_for
         from pipeline.models.target import load_target

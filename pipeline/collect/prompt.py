@@ -34,7 +34,7 @@ import torch
 from pipeline.collect.acceptance import acceptance_dists, acceptance_table
 from pipeline.decode.continuations import ContinuationCache, generate_batch
 from pipeline.decode.draft import expand_tree
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.errors import DraftGymError
 from pipeline.models.head import Eagle3Head
 from pipeline.logs.schema import DEFAULT_MAX_DEPTH, DEFAULT_VERIFY_GRID, SCHEMA_VERSION

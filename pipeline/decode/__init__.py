@@ -6,8 +6,8 @@
     step_shape.py      the step shape (D, W, V): StepShape, the pool size, parsing, labels; every layer's one home
     controller.py      the controller hooks policies steer the engine through (batch 1: plan, continue,
                        size, observe; batch B: one StepShape per step)
-    batch/             the one engine, at every batch size: one shape per step, continuous batching
-    engine.py          batch 1 on the one engine: one prompt at a time, and its AR baseline
+    engine/            the one engine, at every batch size: one shape per step, continuous batching
+                       (core.py), and batch 1 on it, one prompt at a time with its AR baseline (single.py)
     lossless.py        lossless at T = 0 for every dtype: exact, near-tie or mismatch
     continuations.py   collection's target continuations: the engine's AR with per-row seeds, an on-disk cache
     generate.py        `draftgym generate`: one prompt with AR or EAGLE-3

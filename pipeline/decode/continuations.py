@@ -1,7 +1,7 @@
 """Batched autoregressive generation of target continuations (collection and train-draft's
 self-distillation), with per-row seeds, per-row EOS, a refill queue and an on-disk cache.
 
-`generate_batch` runs on the one engine (pipeline/decode/batch/engine.py, `BatchEngine.generate_ar`):
+`generate_batch` runs on the one engine (pipeline/decode/engine/core.py, `BatchEngine.generate_ar`):
 the slot stores, the first rows prefilled several per forward, continuous batching (a finished row's
 slot takes the next prompt at once), and on a GPU the AR step as a CUDA graph, so `draftgym collect`
 gets the speed of online decoding. One engine per target is kept (`ar_engine`); its
@@ -41,7 +41,7 @@ class Continuation:
 def ar_engine(model):
     """The batched engine generate_batch runs on for this target: one per target, kept on the module
     itself (so it goes when the target goes)."""
-    from pipeline.decode.batch.engine import BatchEngine
+    from pipeline.decode.engine.core import BatchEngine
 
     eng = getattr(model, "_draftgym_ar_engine", None)
     if eng is None:
@@ -62,7 +62,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, tempera
     cache: a ContinuationCache; hits skip generation, misses are appended as they finish.
     on_result(i, cont) is called as prompt i finishes; stop_refill() -> True stops taking prompts from
     the queue (the rows in flight finish), and prompts never started come back as None."""
-    from pipeline.decode.batch.rows import check_call
+    from pipeline.decode.engine.rows import check_call
 
     seeds, _, _ = check_call(model.config, prompts, max_new_tokens, temperature, seeds, batch_size, 0)   # before any hit
     results: list[Continuation | None] = [None] * len(prompts)

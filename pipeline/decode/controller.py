@@ -1,6 +1,6 @@
 """The controller interface: how policies steer the engine without touching it.
 
-One engine (pipeline/decode/batch/engine.py) decodes at every batch size, one shape per step for all
+One engine (pipeline/decode/engine/core.py) decodes at every batch size, one shape per step for all
 its rows, as SGLang and vLLM do; one shape type, StepShape (D, W, V): off (D = 0, V = 1, a plain AR
 step), a chain (W = 1, V = D + 1) or an EAGLE-3 tree. One controller interface, at every B:
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.errors import DraftGymError
 from pipeline.runtime.fingerprint import device_name, dtype_name
 from pipeline.models.head import load_head_for, resolve_head_dir

@@ -4,7 +4,7 @@
 
 The prompts file is plain text, one prompt per line (blank lines skipped), or a dataset file that
 pipeline/datasets.py reads (.jsonl / .jsonl.gz / .json / .parquet rows with `prompt` or `messages`).
-All prompts go through pipeline/decode/batch/engine.py at batch B with continuous batching (a
+All prompts go through pipeline/decode/engine/core.py at batch B with continuous batching (a
 finished row's slot takes the next prompt), one shape every step: the EAGLE-3 tree (D, W, V), a
 chain of K drafts (W = 1, V = K + 1) or, with --method ar, no drafts (AR at batch B).
 
@@ -79,7 +79,7 @@ def summary_json(res, shape, batch_size: int, device: str, dtype: str) -> dict:
 
 def run_batch_generate(cfg) -> int:
     """`draftgym generate --batch-size B` (cfg: pipeline.decode.generate.GenerateConfig)."""
-    from pipeline.decode.batch.engine import BatchEngine
+    from pipeline.decode.engine.core import BatchEngine
     from pipeline.decode.controller import StaticController
     from pipeline.models.head import load_head_for, resolve_head_dir
     from pipeline.models.target import encode_prompt, load_target

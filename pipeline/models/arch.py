@@ -1,13 +1,13 @@
 """What a target architecture must offer for exact EAGLE-3 decoding, checked once when an engine is set up.
 
-The engine (pipeline/decode/engine.py, verify.py) assumes three things of a Hugging Face causal LM:
+The engine (pipeline/decode/engine/single.py, verify.py) assumes three things of a Hugging Face causal LM:
 
 1. Its logits are the CausalLM's own output, `model(...).logits`. Whatever a model does after the
    lm_head is therefore applied: Gemma-2's final soft-capping z -> c * tanh(z / c) (c =
    `final_logit_softcapping`), Cohere's `logit_scale`, Granite's `logits_scaling`. Code that
    recomputes logits from hidden states applies the same transform (`output_logits`: the trainer's
    soft labels, pipeline/train_head/ttt.py) or goes through the CausalLM where one is present
-   (`logits_are_lm_head`: the batched prefill, pipeline/decode/batch/prefill.py).
+   (`logits_are_lm_head`: the batched prefill, pipeline/decode/engine/prefill.py).
 2. Every decoder layer keeps a plain key/value cache (full or sliding-window attention), so the
    entries of the verified tree can be compacted in place (verify.compact_cache). Recurrent, linear
    attention, chunked, or KV-sharing layers are refused by `check_target`.

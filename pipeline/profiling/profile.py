@@ -72,7 +72,7 @@ def run_profile(model: str, head_spec: str, out: str, widths=(10,), verify_sizes
                 batch_sizes=DEFAULT_BATCH_SIZES, prefill_lengths=DEFAULT_PREFILL_LENGTHS, rounds: int = 1,
                 top_ups: int = 1) -> dict:
     """Load the target and head, then `profile_engine`."""
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
     from pipeline.models.head import load_head_for
     from pipeline.models.target import load_target
 
@@ -154,7 +154,7 @@ class ProfileSampler:
         """engine: an Engine or BatchEngine (its model and head; the sampler decodes with its own
         BatchEngine without EOS, so the rows stay B). prompt(c, r): a prompt of exactly c tokens,
         variant r (default `context_prompt` of the tokenizer)."""
-        from pipeline.decode.batch.engine import BatchEngine
+        from pipeline.decode.engine.core import BatchEngine
 
         if repeats < 1:
             raise DraftGymError(f"profile: repeats must be >= 1, got {repeats}")

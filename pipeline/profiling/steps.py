@@ -4,7 +4,7 @@ as batch 64) and validate's profile rounds.
 The step (docs/design.md "Serving at batch size B") runs, for B active rows and one shape: D head
 forwards over B x W rows, one target forward over B x V tokens (each row on its own prefix), and one
 controller call. The profile samples exactly that, with the engine that decodes
-(pipeline/decode/batch/engine.py; batch 1 is B = 1 of it): for each (B, c), B prompts of c tokens
+(pipeline/decode/engine/core.py; batch 1 is B = 1 of it): for each (B, c), B prompts of c tokens
 are prefilled once, then one generation plays the grid's shapes round-robin,
 
     steps = (warmup + repeats) rounds x [off, S(V_2), ..., S(V_n), S'(W_2), ...]

@@ -8,7 +8,7 @@ records the kernels of one call once and replays them with one launch.
 A graph replays fixed device addresses and shapes, so a part is graphed only when
 
     * every shape it creates follows from its key (the caller buckets what varies: the key span,
-      the pending entries; pipeline/decode/batch/engine.py),
+      the pending entries; pipeline/decode/engine/core.py),
     * its per-call inputs are small tensors, copied into the graph's own input buffers before each
       replay (`run(key, fn, *inputs)`), and every other tensor it touches (caches, stores, weights)
       is named by the key (the caller puts their data_ptrs in it): a graph never writes to memory

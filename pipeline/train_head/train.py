@@ -26,7 +26,7 @@ One module per stage: data and self-distillation (pipeline/train_head/data.py), 
      so a lazily filled cache makes epoch 1 cost no more than on-the-fly features and every later
      epoch ~30-40% cheaper, at 4.6 KB/token of disk. Features always pass through float16 (also
      when freshly computed), so cached and uncached batches train identically.
-  4. Training-time test (TTT), matching `pipeline.decode.engine` / `pipeline.decode.draft` at inference:
+  4. Training-time test (TTT), matching `pipeline.decode.engine.single` / `pipeline.decode.draft` at inference:
        step 0, index t: (fc(f_t), x_{t+1}) at position t, causal over step-0 entries <= t;
        step i >= 1, index t: (g^{(i-1)}_t, x_{t+1+i}) at position t+i, attending to step-0 keys
        <= t and to the step-1..i entries of the same index t (itself included).

@@ -1,5 +1,5 @@
 """Training-time test (TTT): the unrolled draft steps of one training batch and their loss, in the
-positions `pipeline.decode.draft` / `pipeline.decode.engine` use at inference (see `ttt_loss`), and
+positions `pipeline.decode.draft` / `pipeline.decode.engine.single` use at inference (see `ttt_loss`), and
 the loss and accuracy over a set of sequences (`ttt_metrics`: held-out and validation metrics)."""
 from __future__ import annotations
 

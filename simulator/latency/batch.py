@@ -33,7 +33,7 @@ BATCH_INTERP = ("linear", "log")
 
 def row_buckets(batch) -> np.ndarray:
     """The rows an engine that pads to CUDA-graph capture sizes runs a step of B rows over: 1, 2, 4,
-    then multiples of 8 (pipeline/decode/batch/engine.py `row_bucket`, vectorised; B rounded up)."""
+    then multiples of 8 (pipeline/decode/engine/core.py `row_bucket`, vectorised; B rounded up)."""
     b = np.ceil(np.asarray(batch, np.float64))
     return np.where(b <= 2, b, np.where(b <= 4, 4.0, np.ceil(b / 8) * 8))
 

@@ -41,7 +41,7 @@ rows only answers B > 1 with a one-line DataError instead of charging batch-1 co
 The context c of a step over rows of different contexts c_r (`step_context`): the profile times B
 rows at one context each, so what c stands for depends on the engine's attention. DraftGym's batched
 engine keeps one KV slot per row and every row attends over the span of the longest (padding masked
-out, not skipped: pipeline/decode/batch/engine.py), so a step costs what B rows at max_r c_r cost:
+out, not skipped: pipeline/decode/engine/core.py), so a step costs what B rows at max_r c_r cost:
 `batch_context = "max"`. A paged engine (SGLang, vLLM) reads each row's own pages, so the attention
 work is sum_r c_r = B mean_r c_r: `batch_context = "mean"`, what an imported SGLang profile sets
 (simulator/serving/formats/sglang_import.py). At B = 1 both are the row's own context.

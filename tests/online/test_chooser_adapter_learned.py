@@ -16,9 +16,9 @@ import torch
 
 from online.adapters.chooser import ChooserController
 from online.cli import main as cli
-from pipeline.decode.batch.engine import BatchEngine
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.controller import StepContext
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from pipeline.errors import DraftGymError
 from simulator.observations.paper import ltd_depth_obs_dim, ltd_size_obs_dim

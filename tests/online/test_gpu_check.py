@@ -41,7 +41,7 @@ def test_gpu_check_modules_import_without_cpu_only_packages():
     """Every module the check (and the validate paths it may take: --logs, --policy; the serving step's commands) imports."""
     mods = ["online.gpu_check.run", "online.gpu_check.latency", "online.gpu_check.kernels", "online.gpu_check.report", "online.gpu_check.profile",
             "online.gpu_check.carry", "online.validate.batch1",
-            "online.adapters.policy", "online.adapters.specs", "pipeline.decode.batch.engine",
+            "online.adapters.policy", "online.adapters.specs", "pipeline.decode.engine.core",
             "pipeline.profiling.profile", "simulator.logs.replay_logs", "simulator.latency.model", "simulator.baselines",
             "simulator.evaluate", "simulator.replay", "simulator.policy_specs", "simulator.methods.checkpoint",
             "online.gpu_check.serving", "online.gpu_check.pytest_step", "online.validate.load", "simulator.serving.tune",

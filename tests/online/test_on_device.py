@@ -22,11 +22,11 @@ import os
 import pytest
 import torch
 
-from pipeline.decode.batch.engine import BatchEngine
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.continuations import generate_batch
 from pipeline.decode.controller import StaticController
 from pipeline.decode.step_shape import StepShape
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from pipeline.decode.lossless import classify
 from pipeline.runtime.clock import DeviceClock

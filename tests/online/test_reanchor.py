@@ -36,7 +36,7 @@ def diverged(tmp_path_factory):
     from pipeline.datasets import PromptRecord
     from pipeline.decode.controller import StaticController
     from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
     from pipeline.models.head import random_head
     from simulator.latency.model import LatencyModel
     from simulator.logs.replay_logs import load_logs

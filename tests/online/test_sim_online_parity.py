@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline.collect.prompt import CollectConfig, collect_prompt
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.errors import DraftGymError
 from pipeline.models.head import random_head
 from simulator import baselines

@@ -10,7 +10,7 @@ import pytest
 
 from online.cli import main as cli
 from online.validate.speedbench import Call, run_calls
-from pipeline.decode.batch.result import BatchResult, RowResult
+from pipeline.decode.engine.result import BatchResult, RowResult
 from tests.conftest import build_tiny_logs
 
 

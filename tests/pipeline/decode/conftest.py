@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.decode.batch.engine import BatchEngine
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.step_shape import StepShape
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from tests.conftest import make_tiny_llama
 

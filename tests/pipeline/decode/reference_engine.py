@@ -1,6 +1,6 @@
 """The batch-1 EAGLE-3 cycle as the engine ran it until 2026-11-27, kept as the tests' oracle.
 
-`Engine` (pipeline/decode/engine.py) now runs every generation on the batched engine at B = 1
+`Engine` (pipeline/decode/engine/single.py) now runs every generation on the batched engine at B = 1
 (one engine). This is the loop it replaced, on a growing DynamicCache, one token list,
 the cycle of docs/design.md read top to bottom, untimed:
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from pipeline.decode.batch.result import cut
+from pipeline.decode.engine.result import cut
 from pipeline.decode.controller import Controller, CycleRecord, StaticController, StepContext, StepRecord
 from pipeline.decode.draft import expand_tree
-from pipeline.decode.engine import GenerationResult
+from pipeline.decode.engine.single import GenerationResult
 from pipeline.decode.tree import select_tree
 from pipeline.decode.verify import (accept_greedy, accept_sampling, compact_cache, sample_token, target_forward,
                                     verify_tree)

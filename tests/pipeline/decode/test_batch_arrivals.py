@@ -1,4 +1,4 @@
-"""Requests arriving over time at the batched engine (pipeline/decode/batch/engine.py, `arrivals=`):
+"""Requests arriving over time at the batched engine (pipeline/decode/engine/core.py, `arrivals=`):
 rows join only once arrived, the batch grows and shrinks with the traffic, idle waits are skipped on
 the call's clock, and every row is still its own batch-1 AR output in fp32. Then the stores under
 it (kv.py BatchState): fixed slots that never move while rows join and leave, and with CUDA graphs
@@ -11,8 +11,8 @@ import itertools
 import pytest
 import torch
 
-from pipeline.decode.batch.engine import BatchEngine, row_bucket
-from pipeline.decode.batch.kv import BatchState
+from pipeline.decode.engine.core import BatchEngine, row_bucket
+from pipeline.decode.engine.kv import BatchState
 from pipeline.decode.controller import ScriptedController, StaticController
 from pipeline.decode.step_shape import StepShape
 from pipeline.errors import DraftGymError

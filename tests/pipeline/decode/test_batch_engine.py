@@ -1,4 +1,4 @@
-"""Batched EAGLE-3 decoding (pipeline/decode/batch/engine.py): lossless at batch B.
+"""Batched EAGLE-3 decoding (pipeline/decode/engine/core.py): lossless at batch B.
 
 fp32: every row equals its own batch-1 AR output token for token, at B = 1..8, with mixed prompt
 lengths, EOS mid-batch, refills from the queue, and off / chain / tree steps mixed in one generation;
@@ -15,13 +15,13 @@ import math
 import pytest
 import torch
 
-import pipeline.decode.batch.verify as batch_verify_mod
-from pipeline.decode.batch.engine import BatchEngine
-from pipeline.decode.batch.verify import accept_greedy_batch, select_trees, tree_masks
+import pipeline.decode.engine.verify as batch_verify_mod
+from pipeline.decode.engine.core import BatchEngine
+from pipeline.decode.engine.verify import accept_greedy_batch, select_trees, tree_masks
 from pipeline.decode.controller import Controller, ScheduleController, ScriptedController, StaticController
 from pipeline.decode.step_shape import StepShape
 from pipeline.decode.draft import expand_tree
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from pipeline.decode.lossless import classify, summarize_verdicts
 from pipeline.decode.tree import select_tree

@@ -8,7 +8,7 @@ import torch
 
 from pipeline.decode.continuations import ContinuationCache, generate_batch
 from pipeline.collect.prompt import CollectConfig, collect_prompt, collect_prompts, prompt_seed
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.errors import DraftGymError
 from pipeline.models.head import random_head
 from tests.conftest import make_tiny_llama
@@ -191,7 +191,7 @@ def test_grouped_prefill_equals_batch1(monkeypatch):
     at most PREFILL_TOKENS padded tokens; rows still equal batch-1 generate_ar (fp32). A target whose
     CausalLM changes logits after the lm_head (here flagged by a soft-capping config field) is
     prefilled one prompt per forward through the CausalLM, with the same rows."""
-    import pipeline.decode.batch.prefill as bg
+    import pipeline.decode.engine.prefill as bg
 
     eng, prompts = _setup()
     monkeypatch.setattr(bg, "PREFILL_TOKENS", 40)                  # 7 prompts of 1-17 tokens: several groups

@@ -2,7 +2,7 @@
 
 A CUDA graph can only capture code that torch.compile (or a capture by hand) sees as one graph, so
 the step's pieces must stay traceable even where nobody has a GPU. Each piece below is the engine's
-own function (pipeline/decode/batch/step.py), the one it hands to its CUDA graph cache (pipeline/runtime/cuda_graphs.py), compiled
+own function (pipeline/decode/engine/step.py), the one it hands to its CUDA graph cache (pipeline/runtime/cuda_graphs.py), compiled
 with `backend="eager"` (Dynamo's trace only: no code generation, seconds on a CPU) and run against
 its eager result on the same inputs:
 
@@ -19,9 +19,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.decode.batch import step as batch_step
-from pipeline.decode.batch.engine import BatchEngine
-from pipeline.decode.batch.kv import BatchState
+from pipeline.decode.engine import step as batch_step
+from pipeline.decode.engine.core import BatchEngine
+from pipeline.decode.engine.kv import BatchState
 from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import random_head
 from pipeline.runtime.attention_backends import attention_backends

@@ -8,7 +8,7 @@ from pipeline.decode.controller import Controller, StaticController
 
 from pipeline.decode.step_shape import StepShape
 from pipeline.decode.draft import expand_tree
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from pipeline.decode.tree import DraftPool, VerifyTree, select_tree, tree_mask
 from pipeline.decode.verify import accept_greedy, compact_cache, target_forward, verify_tree

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pipeline.decode.batch.engine as batch_engine_mod
-import pipeline.decode.batch.step as batch_step_mod
-from pipeline.decode.batch.verify import paths_to_accepted
+import pipeline.decode.engine.core as batch_engine_mod
+import pipeline.decode.engine.step as batch_step_mod
+from pipeline.decode.engine.verify import paths_to_accepted
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import load_head_for, random_head
 from pipeline.decode.lossless import (NEAR_TIE_ULPS, ar_logits_at, classify, first_difference, rounding_noise,
                                summarize_verdicts, ulp)

@@ -14,7 +14,7 @@ import torch
 from pipeline.decode.controller import Controller, StaticController
 
 from pipeline.decode.step_shape import StepShape
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from pipeline.errors import DraftGymError
 from tests.conftest import make_tiny_llama

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import pipeline.decode.batch.verify as batch_verify_mod
+import pipeline.decode.engine.verify as batch_verify_mod
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from tests.conftest import make_tiny_llama
 

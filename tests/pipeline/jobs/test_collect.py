@@ -10,7 +10,7 @@ from pipeline.collect.acceptance import acceptance_table
 from pipeline.collect.prompt import CollectConfig, collect_prompt
 from pipeline.collect.job import run_collect
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from pipeline.logs.schema import read_table, table_files
 from pipeline.decode.tree import DraftPool
@@ -139,7 +139,7 @@ def test_acceptance_distributions_batched_across_roots_equal_one_root_per_forwar
 
 
 def test_length_groups_cap_members_and_padded_tokens():
-    from pipeline.decode.batch.prefill import length_groups
+    from pipeline.decode.engine.prefill import length_groups
 
     lens = [10, 10, 20, 30, 100, 250, 900]
     assert length_groups(lens, 3, 1000) == [[0, 1, 2], [3, 4, 5], [6]]           # 3 x 250 <= 1000

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import load_head, random_head
 from pipeline.train_head.batches import pad_batch
 from pipeline.train_head.config import TrainConfig

@@ -37,7 +37,7 @@ import torch
 
 from pipeline.models import arch
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import load_head, random_head, target_layer_ids
 from pipeline.decode.lossless import classify
 from pipeline.errors import DraftGymError

@@ -70,10 +70,10 @@ def test_load_target_selects_it_on_a_cpu(tiny_model_dir):
 def test_speculative_decoding_stays_lossless_with_it(tree):
     """fp32 speculation through draftgym_sdpa gives the AR tokens (AR's one-token steps take sdpa's
     own path; the verify takes the grouped one)."""
-    from pipeline.decode.batch.engine import BatchEngine
+    from pipeline.decode.engine.core import BatchEngine
     from pipeline.decode.controller import StaticController
     from pipeline.decode.step_shape import StepShape
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
     from pipeline.models.head import load_head_for
 
     model = make_tiny_llama(vocab=64, hidden=48, heads=6, kv_heads=2)

@@ -125,7 +125,7 @@ def test_bf16_replay_agrees_with_decoding_until_the_first_divergence():
     from pipeline.collect.prompt import CollectConfig, collect_prompt
     from pipeline.decode.controller import StaticController
     from pipeline.datasets import load_prompts
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
     from pipeline.models.head import load_head_for
     from pipeline.decode.lossless import first_difference
     from pipeline.models.target import encode_prompt, load_target

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.errors import DraftGymError, HeadMismatchError
 from pipeline.models.head import Eagle3Config, Eagle3Head, load_head, random_head, save_head, target_layer_ids
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.errors import DraftGymError, HeadMismatchError
 from pipeline.models.head import (DEFAULT_HEAD_DIR, Eagle3Config, Eagle3Head, load_head, random_head, rope_cos_sin, save_head,
                            target_layer_ids)

@@ -9,7 +9,7 @@ import torch
 
 from online.cli import main as cli
 from pipeline.decode.controller import StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.errors import DraftGymError
 from pipeline.models.head import random_head
 from pipeline.models.target import encode_prompt, load_target

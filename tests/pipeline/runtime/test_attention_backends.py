@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.decode.batch.engine import BatchEngine
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.controller import StaticController
 from pipeline.decode.step_shape import StepShape
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from pipeline.errors import DraftGymError
 from pipeline.runtime import attention_backends as ab

@@ -79,7 +79,7 @@ def test_switch_off(monkeypatch):
 def test_engine_packs_and_stays_lossless(tiny_llama):
     """The engine packs the target and the head; EAGLE-3 output still equals AR token for token."""
     from pipeline.decode.controller import StaticController
-    from pipeline.decode.engine import Engine
+    from pipeline.decode.engine.single import Engine
     from pipeline.models.head import random_head
 
     model = copy.deepcopy(tiny_llama)

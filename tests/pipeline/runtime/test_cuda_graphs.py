@@ -17,8 +17,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_leaves
 
-from pipeline.decode.batch import step as batch_step
-from pipeline.decode.batch.engine import BatchEngine, pow2_at_least
+from pipeline.decode.engine import step as batch_step
+from pipeline.decode.engine.core import BatchEngine, pow2_at_least
 from pipeline.decode.controller import ScheduleController, StaticController
 from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import random_head

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.decode.batch.engine import BatchEngine
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.controller import ScheduleController, StaticController
 from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import random_head

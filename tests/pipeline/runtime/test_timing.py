@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.decode.controller import Controller, StaticController
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from pipeline.models.target import base_model
 from pipeline.runtime.clock import DeviceClock

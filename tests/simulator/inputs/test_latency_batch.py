@@ -202,7 +202,7 @@ def test_padded_profile_prices_a_step_at_its_row_bucket():
     """A profile whose env says the engine pads (row_bucket: CUDA graphs) charges B rows at
     row_buckets(B): 3 rows cost 4 rows, 5..8 rows cost 8; without it B interpolates. row_buckets is
     the engine's row_bucket, vectorised."""
-    from pipeline.decode.batch.engine import row_bucket
+    from pipeline.decode.engine.core import row_bucket
     from simulator.latency.batch import row_buckets
 
     assert row_buckets(np.arange(1, 201)).tolist() == [row_bucket(a) for a in range(1, 201)]

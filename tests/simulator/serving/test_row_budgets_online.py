@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from online.adapters.chooser import ChooserController, RowChooserController, controller_for
-from pipeline.decode.batch.engine import BatchEngine
-from pipeline.decode.engine import Engine
+from pipeline.decode.engine.core import BatchEngine
+from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import load_logs

@@ -1,6 +1,6 @@
-"""The host side of a batched generate call (pipeline/decode/batch/engine.py): the call's inputs,
+"""The host side of a batched generate call (pipeline/decode/engine/core.py): the call's inputs,
 result and queue (`Call`), and which request each slot holds with its tokens, generator and
-accepted-length history (`Rows`). The device side is pipeline/decode/batch/kv.py."""
+accepted-length history (`Rows`). The device side is pipeline/decode/engine/kv.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from pipeline.models import arch
-from pipeline.decode.batch.result import BatchResult
+from pipeline.decode.engine.result import BatchResult
 from pipeline.errors import DraftGymError
 
 

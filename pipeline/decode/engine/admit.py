@@ -1,10 +1,10 @@
-"""Rows joining and leaving the batched engine (pipeline/decode/batch/engine.py): the call's clock and
+"""Rows joining and leaving the batched engine (pipeline/decode/engine/core.py): the call's clock and
 arrivals, prefills into slots, each row's first token, emitted tokens cut at EOS / max_new_tokens,
 and dropping the slots of rows that ended. The engine's step (plan, draft, verify) is in
 engine.py; this is its host-side bookkeeping, kept apart so each reads in one place.
 
 A prompt joins when a slot is free and it has arrived (`Call.ready`): the first rows of an AR call are
-prefilled several per forward (pipeline/decode/batch/prefill.py), every other prefill runs at batch 1
+prefilled several per forward (pipeline/decode/engine/prefill.py), every other prefill runs at batch 1
 (as Engine.generate: target forward, then the head over entries 0 .. n-2). Its first token is drawn
 from the prefill's last logits with the row's own generator; a row that this token already ends never
 takes a slot. A row that ends mid-call hands its slot to the next ready prompt at once; once none is
@@ -17,10 +17,10 @@ import bisect
 
 import torch
 
-from pipeline.decode.batch.kv import BatchState
-from pipeline.decode.batch.prefill import prefill_groups
-from pipeline.decode.batch.result import cut
-from pipeline.decode.batch.rows import Call, Rows
+from pipeline.decode.engine.kv import BatchState
+from pipeline.decode.engine.prefill import prefill_groups
+from pipeline.decode.engine.result import cut
+from pipeline.decode.engine.rows import Call, Rows
 from pipeline.decode.controller import CycleRecord, StepRecord
 from pipeline.decode.verify import sample_token, target_forward
 

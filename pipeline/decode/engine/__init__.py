@@ -1,6 +1,7 @@
 """The one EAGLE-3 engine, at every batch size B (docs/design.md, "Serving at batch size B").
 
-    engine.py    EAGLE-3 decoding at batch size B: one shape per step, continuous batching
+    core.py      EAGLE-3 decoding at batch size B: one shape per step, continuous batching (BatchEngine)
+    single.py    batch 1 on the same engine: one prompt at a time, and its AR baseline (Engine)
     kv.py        the per-row state: slot caches, token and feature stores, preallocated
     step.py      the fixed-shape parts of a step (pending, draft, verify): what CUDA graphs capture
     rows.py      the host side of a call: inputs checked, queue, which request each slot holds

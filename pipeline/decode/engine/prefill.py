@@ -1,4 +1,4 @@
-"""Prefilling prompts for the batched engine (pipeline/decode/batch/engine.py), several per forward.
+"""Prefilling prompts for the batched engine (pipeline/decode/engine/core.py), several per forward.
 
 Why: a batch-1 prefill of a short prompt has only P rows per matmul; the bench's 64 ShareGPT prompts of
 ~77 tokens prefilled one by one take 4.0 s, a third of their generation. A group

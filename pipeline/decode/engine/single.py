@@ -1,5 +1,5 @@
 """The EAGLE-3 decoding engine at batch size 1, and its autoregressive baseline: one prompt at a
-time on the one engine (pipeline/decode/batch/engine.py at B = 1).
+time on the one engine (pipeline/decode/engine/core.py at B = 1).
 
 One cycle (vocabulary: docs/design.md, "Vocabulary"):
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from pipeline import metrics
 from pipeline.models import arch
-from pipeline.decode.batch.engine import BatchEngine
-from pipeline.decode.batch.result import Generated
+from pipeline.decode.engine.core import BatchEngine
+from pipeline.decode.engine.result import Generated
 from pipeline.decode.controller import Controller, CycleRecord, StaticController
 from pipeline.models.head import Eagle3Head
 
@@ -61,7 +61,7 @@ class GenerationResult(Generated):
 
 class Engine:
     """EAGLE-3 (and AR) generation for one target + one head, one prompt at a time: the batched
-    engine (pipeline/decode/batch/engine.py) at B = 1. One engine for every batch size:
+    engine (pipeline/decode/engine/core.py) at B = 1. One engine for every batch size:
     static caches and, on a GPU, CUDA graphs at batch 1 as at batch 64. The controller is the one
     interface of every batch size (pipeline/decode/controller.py: plan sees the StepContext of one
     row; level hooks asked after each draft level, that step drafting eagerly); the result's cycles

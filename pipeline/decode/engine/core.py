@@ -23,7 +23,7 @@ clock with the waits for the next arrival skipped (nothing runs then, so skippin
 timing and saves the wait); each row records its arrival, join and finish times on that clock.
 Without arrivals every prompt has arrived at 0: the closed batch above.
 
-Draft KV layout: one slot per row (pipeline/decode/batch/kv.py), each root masked to its own row's
+Draft KV layout: one slot per row (pipeline/decode/engine/kv.py), each root masked to its own row's
 entries, the per-root prefix mask that collection (pipeline/collect/prompt.py) puts on its packed
 head KV. Collection packs the prompts into one sequence because many roots share each prompt; here
 each row has one root, and `expand_tree` copies the prefix once per root, so packing would copy
@@ -44,7 +44,7 @@ are clock marks (pipeline/runtime/clock.py: CUDA events on a GPU, so timing adds
 into its record's times when the call ends; the call's own clock reads (start, end, refills,
 arrivals) and a level hook's asks do sync. Row bookkeeping (token lists, EOS, refills) is Python.
 
-On a GPU the step's three fixed-shape parts (pipeline/decode/batch/step.py: pending,
+On a GPU the step's three fixed-shape parts (pipeline/decode/engine/step.py: pending,
 draft, greedy verify) run as CUDA graphs (pipeline/runtime/cuda_graphs.py), one per key (A, M, span),
 (A, D, W, V, span), (A, V, span), captured the first time a key occurs and replayed after. So that
 shapes do not follow the rows' lengths, the keys a step reads, [0, span), are rounded up to a
@@ -62,12 +62,12 @@ from __future__ import annotations
 import torch
 
 from pipeline.models import arch
-from pipeline.decode.batch import step
-from pipeline.decode.batch.admit import HEADROOM, RowAdmission
-from pipeline.decode.batch.kv import BatchState
-from pipeline.decode.batch.result import BatchResult, RowResult
-from pipeline.decode.batch.rows import Call, Rows, check_call
-from pipeline.decode.batch.verify import (TreeBatch, accept_greedy_batch, accept_sampling_rows, select_trees,
+from pipeline.decode.engine import step
+from pipeline.decode.engine.admit import HEADROOM, RowAdmission
+from pipeline.decode.engine.kv import BatchState
+from pipeline.decode.engine.result import BatchResult, RowResult
+from pipeline.decode.engine.rows import Call, Rows, check_call
+from pipeline.decode.engine.verify import (TreeBatch, accept_greedy_batch, accept_sampling_rows, select_trees,
                                           verify_forward)
 from pipeline.decode.controller import (Controller, CycleRecord, StaticController, StepContext, StepRecord,
                                         StepShape, uses_level_hooks, uses_row_budgets)
@@ -141,7 +141,7 @@ class BatchEngine(RowAdmission):
                     seeds: int | list[int] = 0, batch_size: int = 8, arrivals: list[float] | None = None,
                     eos_token_ids=None, on_result=None, stop_refill=None) -> BatchResult:
         """AR at batch size `batch_size`: the same step, off every step, no head and no features.
-        The first rows are prefilled several per forward (pipeline/decode/batch/prefill.py).
+        The first rows are prefilled several per forward (pipeline/decode/engine/prefill.py).
         eos_token_ids: this call's (default the engine's; empty: every row runs to max_new_tokens);
         on_result(i, row) as prompt i ends; stop_refill() -> True: start no more prompts (those never
         started keep stop_reason ''). Collection's continuations (generate_batch) run here."""

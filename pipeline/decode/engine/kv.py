@@ -137,7 +137,7 @@ class BatchState:
                     compute values nobody reads; their writes land in their own free slots.
 
     pad is the identity without CUDA graphs and rounds up to a capture size with them
-    (pipeline/decode/batch/engine.py `row_bucket`), so a step over 5 live rows replays the graph of
+    (pipeline/decode/engine/core.py `row_bucket`), so a step over 5 live rows replays the graph of
     8 rows instead of capturing one for 5. The host lists n_host, dl_host cover the run rows.
 
     features=False (AR at batch B): no head cache and no feature store."""

@@ -2,7 +2,7 @@
 
 Each function below computes on device tensors only: its shapes follow from its Python arguments
 (A = state.rows, M, span, the step shape) and never from tensor values, it reads nothing back to
-the host, and it writes only into the stores of `state` (pipeline/decode/batch/kv.py) at indices
+the host, and it writes only into the stores of `state` (pipeline/decode/engine/kv.py) at indices
 that its tensor inputs give. So one call can be recorded as a CUDA graph and replayed on later
 steps of the same shape with new inputs copied in (pipeline/runtime/cuda_graphs.py); on a CPU the
 engine calls them directly. tests/pipeline/decode/test_compile_step.py traces each whole (`fullgraph=True`) and
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.decode.batch.kv import BatchState
-from pipeline.decode.batch.verify import (TreeBatch, accept_greedy_batch, commit_order, emitted_tokens, root_trees,
+from pipeline.decode.engine.kv import BatchState
+from pipeline.decode.engine.verify import (TreeBatch, accept_greedy_batch, commit_order, emitted_tokens, root_trees,
                                           select_trees, verify_forward)
 from pipeline.decode.step_shape import StepShape
 from pipeline.decode.draft import expand_tree
@@ -63,7 +63,7 @@ def draft_pool(head, state: BatchState, shape: StepShape, span: int, n, root_hid
 
 
 def draft_trees(head, state: BatchState, shape: StepShape, span: int, n, root_hidden, root_logits):
-    """The draft pool, then A trees of V nodes (pipeline/decode/batch/verify.py)."""
+    """The draft pool, then A trees of V nodes (pipeline/decode/engine/verify.py)."""
     pool = draft_pool(head, state, shape, span, n, root_hidden, root_logits)
     t = select_trees(pool, roots(state, n), shape.verify_size)
     return t.tokens, t.parents, t.depths, t.mask
