@@ -63,8 +63,12 @@ from simulator.serving.choosers.base import GreedyOracle, ScheduleChooser, Stati
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
 from simulator.serving.choosers.nightjar import Nightjar
+from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
+from simulator.serving.choosers.sglang_dspark import SGLangDSpark
 from simulator.serving.choosers.sglang_adaptive import SGLangAdaptive, load_config
 from simulator.serving.choosers.sglang_throughput import SGLangThroughput
+from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
+from simulator.serving.formats.dspark_table import dspark_table
 from simulator.serving.tune import tune
 from simulator.serving.inputs import ServingLogsConfig, load_inputs, profiled_candidates
 
@@ -211,14 +215,7 @@ def serve_eval(cfg: ServeEvalConfig) -> dict:
     methods += learned_choosers(cfg.policies, logs, max_batch)
     if cfg.row_budget_k:
         if 1 in tune_logs.w and 1 in logs.w:
-            from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
-
             k = min(cfg.row_budget_k, tune_logs.max_depth)
-            from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
-
-            from simulator.serving.choosers.sglang_dspark import SGLangDSpark
-            from simulator.serving.formats.dspark_table import dspark_table
-
             methods.append(VLLMAdaptiveVerification(k))
             sps, _ = dspark_table(lat, k, float(np.median(tune_logs.context_len)))
             methods.append(SGLangDSpark(sps, k))

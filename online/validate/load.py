@@ -73,7 +73,9 @@ from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
 from simulator.serving.choosers.sglang_adaptive import SGLangAdaptive
 from simulator.serving.choosers.nightjar import Nightjar
+from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
 from simulator.serving.choosers.sglang_throughput import SGLangThroughput
+from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
 
 FIGURES = ("tokens_per_s", "x_ar", "tpot_mean_s", "tpot_p90_s", "queue_mean_s", "tau", "drafts_per_step", "mean_batch")
 
@@ -115,14 +117,10 @@ def load_methods(cfg: ValidateConfig) -> list:
     out += [ScheduleChooser(Schedule.vllm_eagle3_example(), "vLLM EAGLE-3 example"), SGLangAdaptive()]
     out += learned_methods(cfg)
     if cfg.row_budget_k:
-        from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
-
         out.append(VLLMAdaptiveVerification(cfg.row_budget_k))
     if cfg.nightjar_k:
         out.append(Nightjar(cfg.nightjar_k, seed=cfg.seed))
     if cfg.acceptance_model:
-        from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
-
         out.append(CalibratedBudget(AcceptanceModel.load(cfg.acceptance_model)))
     names = [m.name for m in out]
     dup = next((n for n in names if names.count(n) > 1), None)
