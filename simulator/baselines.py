@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
+from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE, pool_size
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import ReplayLogs
 from simulator.observations.paper import best_beam_entropy, best_beam_score
 from simulator.policies.base import Policy, Shape, const_shape
-from pipeline.decode.step_shape import pool_size
 from simulator.replay import cycle_time
 
 

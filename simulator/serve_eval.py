@@ -52,25 +52,25 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.cliargs import comma_list, parse_positive_ints
+from pipeline.decode import step_shape
 from pipeline.errors import DataError, DraftGymError
 from simulator.latency.diagnostics import prefill_note
 from simulator.serving import arrivals as arr
 from simulator.serving import metrics
-from pipeline.decode import step_shape
-from simulator.serving.inputs import replayable
-from simulator.serving.load import SwitchPrice, serve
 from simulator.serving.choosers.base import GreedyOracle, ScheduleChooser, StaticChooser
-from simulator.serving.replay import ShapeTable
-from simulator.serving.schedule import Schedule
 from simulator.serving.choosers.nightjar import Nightjar
 from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
-from simulator.serving.choosers.sglang_dspark import SGLangDSpark
 from simulator.serving.choosers.sglang_adaptive import SGLangAdaptive, load_config
+from simulator.serving.choosers.sglang_dspark import SGLangDSpark
 from simulator.serving.choosers.sglang_throughput import SGLangThroughput
 from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
 from simulator.serving.formats.dspark_table import dspark_table
-from simulator.serving.tune import tune
 from simulator.serving.inputs import ServingLogsConfig, load_inputs, profiled_candidates
+from simulator.serving.inputs import replayable
+from simulator.serving.load import SwitchPrice, serve
+from simulator.serving.replay import ShapeTable
+from simulator.serving.schedule import Schedule
+from simulator.serving.tune import tune
 
 
 @dataclass

@@ -13,9 +13,9 @@ import time
 import torch
 
 from pipeline.datasets import load_prompts
+from pipeline.decode.controller import StaticController
 from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.engine.kv import BatchSlotKV
-from pipeline.decode.controller import StaticController
 from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import load_head_for
 from pipeline.models.target import encode_prompt, load_target

@@ -19,18 +19,18 @@ import json
 
 import numpy as np
 
+from pipeline.decode import step_shape
 from simulator.policy_specs import load_policy
 from simulator.serve_eval import learned_choosers
-from pipeline.decode import step_shape
 from simulator.serving import arrivals as arr, metrics
-from simulator.serving.inputs import candidates
 from simulator.serving.choosers.base import GreedyOracle, ScheduleChooser, StaticChooser
 from simulator.serving.env import LoadEnv, LoadEnvConfig
+from simulator.serving.inputs import candidates
+from simulator.serving.inputs import load_inputs
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
 from simulator.serving.tune import TuneConfig, tune
-from simulator.serving.inputs import load_inputs
 
 M, TB = 16, (1, 2, 4, 8, 16, 32)
 

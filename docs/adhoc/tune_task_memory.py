@@ -12,9 +12,9 @@ import json
 import resource
 import time
 
+from pipeline.decode import step_shape
 from simulator.latency.model import LatencyModel
 from simulator.logs.stream import LogSource, pack_groups
-from pipeline.decode import step_shape
 from simulator.serving.inputs import candidates
 from simulator.serving.tune import tune_part
 

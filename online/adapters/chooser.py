@@ -42,12 +42,10 @@ import time
 import numpy as np
 
 from pipeline.decode.controller import Controller, StepContext, StepRecord
-
-from pipeline.decode.step_shape import StepShape
+from pipeline.decode.step_shape import StepShape, canonical, label
 from pipeline.errors import DraftGymError
 from simulator.serving.choosers.base import Chooser, GreedyOracle, RowChooser, StepView
 from simulator.serving.choosers.learned import LearnedChooser
-from pipeline.decode.step_shape import canonical, label
 
 
 class ShapeIndex:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.decode.controller import Controller
-
 from pipeline.decode.step_shape import StepShape
 from pipeline.errors import DraftGymError
 from pipeline.logs.schema import DEFAULT_MAX_DEPTH

@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from online.adapters.specs import make_controller, policy_label
-from online.validate.speedbench import run_methods, summarize
-from online.validate.sim_vs_real import decode_tokens_per_s, sim_vs_real
 from online.validate.common import ValidateConfig, check_config, load_acceptance_logs, load_prompt_sets, print_report
 from online.validate.report import write_markdown
+from online.validate.sim_vs_real import decode_tokens_per_s, sim_vs_real
+from online.validate.speedbench import run_methods, summarize
 from pipeline.decode.controller import StaticController
-from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
 from pipeline.decode.lossless import summarize_verdicts
+from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
 from pipeline.errors import DraftGymError
 from pipeline.logs.schema import CYCLES, SCHEMA_VERSION, partition_dir, write_atomic
 from pipeline.runtime.atomic import atomic_write_json

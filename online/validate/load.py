@@ -56,26 +56,26 @@ from pathlib import Path
 import numpy as np
 
 from online.adapters.chooser import controller_for
+from online.validate.common import ValidateConfig, check_config, load_prompt_sets
 from online.validate.sim_vs_real import step_cost
 from online.validate.speedbench import Call, run_calls
-from online.validate.common import ValidateConfig, check_config, load_prompt_sets
+from pipeline import metrics as pipeline_metrics
+from pipeline.decode import step_shape
 from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
 from pipeline.runtime.atomic import atomic_write_json, atomic_write_text
-from pipeline import metrics as pipeline_metrics
 from simulator.latency.diagnostics import prefill_note
 from simulator.serving import metrics
-from pipeline.decode import step_shape
 from simulator.serving.arrivals import read_trace
 from simulator.serving.choosers.base import RowChooser, ScheduleChooser, StaticChooser
+from simulator.serving.choosers.nightjar import Nightjar
+from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
+from simulator.serving.choosers.sglang_adaptive import SGLangAdaptive
+from simulator.serving.choosers.sglang_throughput import SGLangThroughput
+from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
 from simulator.serving.load import ServingResult, serve
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
-from simulator.serving.choosers.sglang_adaptive import SGLangAdaptive
-from simulator.serving.choosers.nightjar import Nightjar
-from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
-from simulator.serving.choosers.sglang_throughput import SGLangThroughput
-from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
 
 FIGURES = ("tokens_per_s", "x_ar", "tpot_mean_s", "tpot_p90_s", "queue_mean_s", "tau", "drafts_per_step", "mean_batch")
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 from typing import Callable
 
 from pipeline.decode.controller import ScriptedController
-
 from pipeline.decode.step_shape import StepShape
 from pipeline.profiling.timed_ops import depth_for, stats_of, verify_width
 from pipeline.profiling.trust import cell_key, suspect_cells

@@ -21,12 +21,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pipeline.decode.step_shape import pool_size
 from pipeline.decode.draft import additive
-from pipeline.models.head import Eagle3Head
-from pipeline.runtime.clock import DeviceClock
+from pipeline.decode.step_shape import pool_size
 from pipeline.decode.tree import tree_mask
 from pipeline.errors import DraftGymError
+from pipeline.models.head import Eagle3Head
+from pipeline.runtime.clock import DeviceClock
 from pipeline.decode.verify import (VerifyTree, accept_greedy, compact_cache, crop_cache, target_forward,
                                     tree_attention_mask, verify_tree)
 

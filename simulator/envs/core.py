@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.decode.step_shape import pool_size
 from pipeline import metrics
-from simulator.observations import paper as obs
-from simulator.observations import rich
+from pipeline.decode.step_shape import pool_size
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import ReplayLogs
+from simulator.observations import paper as obs
+from simulator.observations import rich
 from simulator.replay import cycle_time
 
 RESPS_VERIFY = (32, 48, 64, 80, 96, 128)

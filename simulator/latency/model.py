@@ -78,8 +78,8 @@ from pipeline.errors import DataError
 from pipeline.logs.schema import read_table, table_files
 from pipeline.profiling.trust import drop_suspects, suspects_line, trusted_out
 from simulator.latency import diagnostics as latency_diagnostics
-from simulator.latency.estimate import DEFAULT_POINT, POINTS, with_point
 from simulator.latency.batch import BATCH_INTERP, X_KEY, batch_levels, interp_batch, row_batch, row_buckets
+from simulator.latency.estimate import DEFAULT_POINT, POINTS, with_point
 from simulator.latency.surface import Z90, Surface, surface_of, two_piece
 
 OPS = ("draft_step", "verify", "policy", "overhead", "prefill")

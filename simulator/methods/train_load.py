@@ -46,24 +46,24 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.cliargs import parse_positive_ints
+from pipeline.decode import step_shape
 from pipeline.errors import DataError, DraftGymError
 from simulator.methods.checkpoint import save_policy
+from simulator.methods.ltd import serving_train as train_ltd
+from simulator.methods.ltd.serving_train import LTDLoadConfig
+from simulator.methods.radar import serving_train as train_radar
+from simulator.methods.radar.serving_train import RadarLoadConfig
 from simulator.methods.resps.serving_policy import LoadAwarePolicy
 from simulator.serving import arrivals as arr
 from simulator.serving import metrics
-from pipeline.decode import step_shape
-from simulator.serving.inputs import candidates, replayable
 from simulator.serving.choosers.base import ScheduleChooser, StaticChooser
-from simulator.serving.env import OBJECTIVES, LoadEnv, LoadEnvConfig
 from simulator.serving.choosers.learned import LearnedChooser
+from simulator.serving.env import OBJECTIVES, LoadEnv, LoadEnvConfig
+from simulator.serving.inputs import ServingLogsConfig, load_inputs
+from simulator.serving.inputs import candidates, replayable
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
-from simulator.methods.ltd import serving_train as train_ltd
-from simulator.methods.radar import serving_train as train_radar
-from simulator.methods.ltd.serving_train import LTDLoadConfig
-from simulator.methods.radar.serving_train import RadarLoadConfig
 from simulator.serving.tune import tune
-from simulator.serving.inputs import ServingLogsConfig, load_inputs
 from simulator.train.ppo import PPOConfig, mlp_spec, plot_history, ppo_train
 
 METHODS = ("resps", "ltd", "radar")

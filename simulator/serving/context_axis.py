@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.decode import step_shape
 from pipeline.errors import DataError
 from simulator.serving import metrics
-from pipeline.decode import step_shape
 from simulator.serving.choosers.base import Chooser, StaticChooser
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable, closed_batch

@@ -30,8 +30,8 @@ import math
 
 import numpy as np
 
-from pipeline.errors import DataError
 from pipeline.decode import step_shape
+from pipeline.errors import DataError
 from simulator.serving.inputs import lookup_verify, replayable
 from simulator.serving.replay import ShapeTable, closed_batch
 

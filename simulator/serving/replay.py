@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.decode.step_shape import canonical, label
 from pipeline.errors import DataError
 from simulator.serving import metrics
 from simulator.serving.inputs import lookup_verify
-from pipeline.decode.step_shape import canonical, label
 
 
 class ShapeTable:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.decode.step_shape import OFF, StepShape, canonical, chain, label, parse
 from pipeline.errors import DataError
-from pipeline.decode.step_shape import canonical, chain, label, OFF, parse, StepShape
 
 FORMAT = "draftgym.schedule"
 

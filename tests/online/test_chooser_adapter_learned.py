@@ -16,17 +16,17 @@ import torch
 
 from online.adapters.chooser import ChooserController
 from online.cli import main as cli
-from pipeline.decode.engine.core import BatchEngine
-from pipeline.decode.controller import StepContext
-from pipeline.decode.engine.single import Engine
-from pipeline.models.head import random_head
-from pipeline.errors import DraftGymError
-from simulator.observations.paper import ltd_depth_obs_dim, ltd_size_obs_dim
-from simulator.methods.checkpoint import save_policy
-from simulator.policies.nets import build_net
-from simulator.methods.resps.serving_policy import LoadAwarePolicy
-from simulator.serving import observations
 from pipeline.decode import step_shape
+from pipeline.decode.controller import StepContext
+from pipeline.decode.engine.core import BatchEngine
+from pipeline.decode.engine.single import Engine
+from pipeline.errors import DraftGymError
+from pipeline.models.head import random_head
+from simulator.methods.checkpoint import save_policy
+from simulator.methods.resps.serving_policy import LoadAwarePolicy
+from simulator.observations.paper import ltd_depth_obs_dim, ltd_size_obs_dim
+from simulator.policies.nets import build_net
+from simulator.serving import observations
 from simulator.serving.choosers.base import GreedyOracle
 from simulator.serving.choosers.learned import LearnedChooser
 from simulator.train.ppo import mlp_spec

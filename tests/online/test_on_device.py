@@ -22,13 +22,13 @@ import os
 import pytest
 import torch
 
-from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.continuations import generate_batch
 from pipeline.decode.controller import StaticController
-from pipeline.decode.step_shape import StepShape
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.engine.single import Engine
-from pipeline.models.head import random_head
 from pipeline.decode.lossless import classify
+from pipeline.decode.step_shape import StepShape
+from pipeline.models.head import random_head
 from pipeline.runtime.clock import DeviceClock
 from tests.conftest import make_tiny_llama
 

@@ -25,8 +25,8 @@ import torch
 from pipeline.decode.engine.kv import BatchState
 from pipeline.decode.engine.verify import (TreeBatch, accept_greedy_batch, commit_order, emitted_tokens, root_trees,
                                           select_trees, verify_forward)
-from pipeline.decode.step_shape import StepShape
 from pipeline.decode.draft import expand_tree
+from pipeline.decode.step_shape import StepShape
 
 
 def pending(head, state: BatchState, n: torch.Tensor, dl: torch.Tensor, M: int, span: int):

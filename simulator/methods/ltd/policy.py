@@ -17,8 +17,8 @@ import numpy as np
 from pipeline.decode.step_shape import pool_size
 from simulator.observations import paper as obs
 from simulator.observations import rich
-from simulator.policies.nets import NumpyMLP, torch_logits
 from simulator.policies.base import CONTINUE, Policy, choose_action, const_shape
+from simulator.policies.nets import NumpyMLP, torch_logits
 
 
 class LTDPolicy(Policy):

@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from pipeline.decode import step_shape
 from pipeline.errors import DataError, DraftGymError
 from simulator.methods.ltd.serving_policy import METHOD, LTDLoadPolicy, size_input
-from pipeline.decode import step_shape
 from simulator.serving.inputs import lookup_verify
 from simulator.train.ppo import clipped_loss, mlp_spec, update
 

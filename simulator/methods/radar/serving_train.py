@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from pipeline.errors import DataError, DraftGymError
-from simulator.policies.base import CONTINUE, STOP
-from simulator.methods.radar.serving_policy import EXTRA_INPUTS, METHOD, RadarLoadPolicy, level_inputs, stop_depth
 from pipeline.decode import step_shape
+from pipeline.errors import DataError, DraftGymError
+from simulator.methods.radar.serving_policy import EXTRA_INPUTS, METHOD, RadarLoadPolicy, level_inputs, stop_depth
+from simulator.policies.base import CONTINUE, STOP
 from simulator.serving.inputs import lookup_verify
 from simulator.train.ppo import mlp_spec
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.decode.step_shape import canonical, chain, label, OFF
+from pipeline.decode.step_shape import OFF, canonical, chain, label
 
 
 @dataclass

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.decode.step_shape import parse
 from pipeline.errors import DraftGymError
 from simulator.serving import observations
 from simulator.serving.choosers.base import Chooser
-from pipeline.decode.step_shape import parse
 
 
 class LearnedChooser(Chooser):

@@ -36,12 +36,13 @@ On the device the step seconds are the wall time from the plan to the observatio
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import numpy as np
 
+from pipeline.decode.step_shape import chain
 from pipeline.errors import DraftGymError
 from simulator.serving.choosers.base import Chooser, StepView
-from pipeline.decode.step_shape import chain
 
 
 class Nightjar(Chooser):
@@ -80,7 +81,9 @@ class Nightjar(Chooser):
         self.count = np.zeros(self.bins, np.int64)                    # steps into the sub-bin
         self.exploring = np.ones(self.bins, bool)
         self.rng = np.random.default_rng(self.seed)
-        self.joined: dict[int, float] = {}                            # request -> first step time seen
+        self.seen: set[int] = set()                                   # requests seen in a batch so far
+        self.joins: deque[float] = deque()                            # their join times within the window
+        self.first_join: float | None = None
         self.arm = 0
 
     def bin_of(self, batch: int) -> int:
@@ -88,13 +91,17 @@ class Nightjar(Chooser):
 
     def request_rate(self, view: StepView) -> float:
         """Requests that joined in the trailing window, per second (module docstring)."""
+        now = float(view.time)
         for r in np.asarray(view.requests).tolist():
-            self.joined.setdefault(int(r), float(view.time))
-        t0 = min(self.joined.values())
-        span = min(self.window, float(view.time) - t0)
-        if span <= 0:
-            return 0.0
-        return sum(1 for t in self.joined.values() if t > view.time - self.window) / span
+            if r not in self.seen:
+                self.seen.add(r)
+                self.joins.append(now)
+        if self.first_join is None:
+            self.first_join = now
+        while self.joins and self.joins[0] <= now - self.window:            # the clock never goes back
+            self.joins.popleft()
+        span = min(self.window, now - self.first_join)
+        return len(self.joins) / span if span > 0 else 0.0
 
     def advance(self, b: int) -> None:
         """One step of bin b's block / sub-bin schedule; a new sub-bin draws whether it explores."""

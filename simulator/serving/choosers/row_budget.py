@@ -53,10 +53,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import DataError
 from pipeline.decode import step_shape
-from simulator.serving.inputs import lookup_verify
+from pipeline.errors import DataError
 from simulator.serving.choosers.base import RowChooser, best_budget, draft_logprobs, keep_best
+from simulator.serving.inputs import lookup_verify
 
 FEATURES = ("draft_logprob", "running_logprob", "log1p_context_k")
 

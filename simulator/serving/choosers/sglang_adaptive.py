@@ -41,9 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.decode.step_shape import chain
 from pipeline.errors import DataError
 from simulator.serving.choosers.base import Chooser
-from pipeline.decode.step_shape import chain
 
 PARAM_KEYS = ("ema_alpha", "update_interval", "warmup_batches", "down_hysteresis", "up_hysteresis", "ceiling_coeff")
 PARAM_DEFAULTS = {"ema_alpha": 0.2, "update_interval": 5, "warmup_batches": 10, "down_hysteresis": -0.25,

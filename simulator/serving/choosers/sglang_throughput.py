@@ -35,9 +35,9 @@ from collections import deque
 
 import numpy as np
 
+from pipeline.decode.step_shape import chain
 from pipeline.errors import DataError, DraftGymError
 from simulator.serving.choosers.base import Chooser
-from pipeline.decode.step_shape import chain
 
 # the example of its module docstring (no tiers are stored in its code)
 DEFAULT_CONFIG = {"strategy": "throughput_aware", "window_size": 20, "update_interval": 10,

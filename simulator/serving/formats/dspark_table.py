@@ -105,12 +105,9 @@ def dspark_table(latency, gamma: int, context: float, batch_sizes=None) -> tuple
     table = {"bias_seconds": bias, "bs_probes": bs, "alpha_seconds": alpha, "m_probes": m_probes.astype(int).tolist(),
              "theta_seconds": theta.tolist()}
     check_table(table)
-    true, fit = [], []
-    for B, a in zip(bs, alpha):
-        N = np.arange(B * gamma + 1)
-        true.append(bias + a + latency.t_verify(1 + N / B, c, batch=B) - lent)
-        fit.append(step_time(table, np.full(len(N), B), N))
-    rel = np.abs(np.concatenate(fit) / np.concatenate(true) - 1)
+    reqs = np.concatenate([np.full(B * gamma + 1, B) for B in bs])       # the grid's (B, N), in full's order
+    budget = np.concatenate([np.arange(B * gamma + 1) for B in bs])
+    rel = np.abs(step_time(table, reqs, budget) / full - 1)
     return table, {"max_rel_error": float(rel.max()), "mean_rel_error": float(rel.mean()), "grid_points": int(len(rel)),
                    "gamma": gamma, "context": float(context), "batch_sizes": bs}
 

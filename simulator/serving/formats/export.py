@@ -52,11 +52,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import DataError, DraftGymError
 from pipeline.decode import step_shape
-from simulator.serving.schedule import Schedule, is_off_everywhere
+from pipeline.errors import DataError, DraftGymError
 from simulator.serving.choosers.sglang_adaptive import parse_config
 from simulator.serving.choosers.sglang_throughput import parse_tiers
+from simulator.serving.schedule import Schedule, is_off_everywhere
 
 HEAD_PLACEHOLDER = "<path or hub id of the EAGLE-3 head>"
 

@@ -49,12 +49,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.decode import step_shape
 from pipeline.errors import DataError
 from pipeline.logs.schema import SCHEMA_VERSION
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import load_logs
 from simulator.logs.synthetic import write_latency
-from pipeline.decode import step_shape
 from simulator.serving.inputs import replayable
 from simulator.serving.replay import ShapeTable, closed_batch
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.errors import DataError
 from pipeline.decode import step_shape
+from pipeline.errors import DataError
 from simulator.serving.inputs import replayable
 from simulator.serving.replay import ShapeTable
 

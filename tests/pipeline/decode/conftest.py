@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pipeline.decode.engine.core import BatchEngine
-from pipeline.decode.step_shape import StepShape
 from pipeline.decode.engine.single import Engine
+from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import random_head
 from tests.conftest import make_tiny_llama
 

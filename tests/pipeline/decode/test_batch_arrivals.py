@@ -11,9 +11,9 @@ import itertools
 import pytest
 import torch
 
+from pipeline.decode.controller import ScriptedController, StaticController
 from pipeline.decode.engine.core import BatchEngine, row_bucket
 from pipeline.decode.engine.kv import BatchState
-from pipeline.decode.controller import ScriptedController, StaticController
 from pipeline.decode.step_shape import StepShape
 from pipeline.errors import DraftGymError
 from tests.pipeline.decode.conftest import MIXED

@@ -16,17 +16,17 @@ import pytest
 import torch
 
 import pipeline.decode.engine.verify as batch_verify_mod
-from pipeline.decode.engine.core import BatchEngine
-from pipeline.decode.engine.verify import accept_greedy_batch, select_trees, tree_masks
 from pipeline.decode.controller import Controller, ScheduleController, ScriptedController, StaticController
-from pipeline.decode.step_shape import StepShape
 from pipeline.decode.draft import expand_tree
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.engine.single import Engine
-from pipeline.models.head import random_head
+from pipeline.decode.engine.verify import accept_greedy_batch, select_trees, tree_masks
 from pipeline.decode.lossless import classify, summarize_verdicts
+from pipeline.decode.step_shape import StepShape
 from pipeline.decode.tree import select_tree
 from pipeline.decode.verify import accept_greedy
 from pipeline.errors import DraftGymError
+from pipeline.models.head import random_head
 from tests.conftest import make_tiny_llama
 from tests.pipeline.decode.conftest import MIXED, setup_tiny
 from tests.pipeline.decode.test_lossless import plant_biased_rule

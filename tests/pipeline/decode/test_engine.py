@@ -5,13 +5,12 @@ import pytest
 import torch
 
 from pipeline.decode.controller import Controller, StaticController
-
-from pipeline.decode.step_shape import StepShape
 from pipeline.decode.draft import expand_tree
 from pipeline.decode.engine.single import Engine
-from pipeline.models.head import random_head
+from pipeline.decode.step_shape import StepShape
 from pipeline.decode.tree import DraftPool, VerifyTree, select_tree, tree_mask
 from pipeline.decode.verify import accept_greedy, compact_cache, target_forward, verify_tree
+from pipeline.models.head import random_head
 from tests.conftest import make_tiny_llama
 
 CONFIGS = [  # (D, W, V)

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from pipeline.decode.controller import Controller, StaticController
-
-from pipeline.decode.step_shape import StepShape
 from pipeline.decode.engine.single import Engine
-from pipeline.models.head import random_head
+from pipeline.decode.step_shape import StepShape
 from pipeline.errors import DraftGymError
+from pipeline.models.head import random_head
 from tests.conftest import make_tiny_llama
 from tests.pipeline.decode.reference_engine import ReferenceEngine
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.controller import StaticController
-from pipeline.decode.step_shape import StepShape
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.engine.single import Engine
-from pipeline.models.head import random_head
+from pipeline.decode.step_shape import StepShape
 from pipeline.errors import DraftGymError
+from pipeline.models.head import random_head
 from pipeline.runtime import attention_backends as ab
 from pipeline.runtime.fingerprint import environment_fingerprint
 from tests.conftest import make_tiny_llama

@@ -17,12 +17,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_leaves
 
+from pipeline.decode.controller import ScheduleController, StaticController
 from pipeline.decode.engine import step as batch_step
 from pipeline.decode.engine.core import BatchEngine, pow2_at_least
-from pipeline.decode.controller import ScheduleController, StaticController
 from pipeline.decode.step_shape import StepShape
-from pipeline.models.head import random_head
 from pipeline.errors import DraftGymError
+from pipeline.models.head import random_head
 from pipeline.runtime.cuda_graphs import ENV, MODE_ENV, GraphCache, graphs_wanted
 from tests.conftest import make_tiny_llama
 

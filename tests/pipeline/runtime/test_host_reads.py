@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.controller import ScheduleController, StaticController
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.step_shape import StepShape
 from pipeline.models.head import random_head
 from pipeline.runtime.host_reads import HostReads

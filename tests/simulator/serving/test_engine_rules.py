@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from pipeline.decode import step_shape
 from pipeline.errors import DataError
 from simulator.serving import metrics
-from pipeline.decode import step_shape
 from simulator.serving.choosers.base import Chooser, RowShapes, StaticChooser
 from simulator.serving.load import SwitchPrice, serve
 from simulator.serving.replay import ShapeTable

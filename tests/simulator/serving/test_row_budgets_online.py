@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from online.adapters.chooser import ChooserController, RowChooserController, controller_for
+from pipeline.decode import step_shape
 from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
@@ -19,7 +20,6 @@ from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
 from simulator.serving.choosers.base import StaticChooser
 from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
 from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
-from pipeline.decode import step_shape
 from tests.conftest import make_tiny_llama
 
 VOCAB, EOS, MAX_NEW = 6, 4, 16

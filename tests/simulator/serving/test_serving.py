@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from online.cli import main as cli
+from pipeline.decode import step_shape
 from pipeline.errors import DataError, DraftGymError
 from simulator.baselines import StaticPolicy
 from simulator.latency.model import LatencyModel
@@ -17,13 +18,12 @@ from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
 from simulator.replay import autoregressive, simulate
 from simulator.serving import arrivals as arr
 from simulator.serving import metrics
-from pipeline.decode import step_shape
+from simulator.serving.choosers.base import Chooser, StaticChooser
+from simulator.serving.choosers.sglang_adaptive import AdaptiveTier, SGLangAdaptive, parse_config
 from simulator.serving.inputs import candidates, lookup_verify
 from simulator.serving.load import serve
-from simulator.serving.choosers.base import Chooser, StaticChooser
 from simulator.serving.replay import ShapeTable, closed_batch
 from simulator.serving.schedule import Schedule
-from simulator.serving.choosers.sglang_adaptive import AdaptiveTier, SGLangAdaptive, parse_config
 from simulator.serving.tune import headroom, tune, tune_part
 
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.decode import step_shape
 from simulator.latency.model import LatencyModel
 from simulator.latency.surface import Surface
 from simulator.logs.synthetic import latency_rows as synthetic_latency
 from simulator.serving import metrics
-from pipeline.decode import step_shape
 from simulator.serving.choosers.base import Chooser, StaticChooser
+from simulator.serving.formats.sglang_import import latency_rows
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
-from simulator.serving.formats.sglang_import import latency_rows
 from tests.simulator.serving.conftest import root, logs, lat  # noqa: F401 (pytest fixtures)
 
 

@@ -6,13 +6,13 @@ import json
 import pytest
 
 from online.cli import main as cli
+from pipeline.decode import step_shape
 from pipeline.errors import DataError
 from simulator.latency.model import LatencyModel
-from simulator.serving.formats import export as ex
-from pipeline.decode import step_shape
-from simulator.serving.schedule import Schedule
 from simulator.serving.choosers.sglang_adaptive import AdaptiveTier, SGLangAdaptive, parse_config
+from simulator.serving.formats import export as ex
 from simulator.serving.formats.sglang_import import latency_rows, read_bench
+from simulator.serving.schedule import Schedule
 
 
 def _tuned(tmp_path, ranges, shapes, tps):

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from online.cli import main as cli
+from pipeline.decode import step_shape
 from pipeline.errors import DraftGymError
 from simulator.baselines import StaticPolicy
 from simulator.methods.resps.serving_policy import LoadAwarePolicy
 from simulator.policy_specs import load_policy
 from simulator.serving import observations
-from pipeline.decode import step_shape
 from simulator.serving.choosers.base import StepView
-from simulator.serving.env import LoadEnv, LoadEnvConfig
 from simulator.serving.choosers.learned import LearnedChooser
+from simulator.serving.env import LoadEnv, LoadEnvConfig
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
 from tests.simulator.serving.conftest import root, logs, lat  # noqa: F401 (pytest fixtures)

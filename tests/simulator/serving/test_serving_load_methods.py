@@ -11,28 +11,28 @@ import pytest
 import torch
 
 from online.cli import main as cli
+from pipeline.decode import step_shape
 from pipeline.errors import DataError, DraftGymError
 from pipeline.logs.schema import DEFAULT_VERIFY_GRID
 from simulator.latency.model import LatencyModel
 from simulator.logs.replay_logs import load_logs
 from simulator.logs.synthetic import SyntheticConfig, latency_rows, write_latency, write_synthetic_logs
-from simulator.policies.base import CONTINUE, STOP
 from simulator.methods.ltd.serving_policy import LTDLoadPolicy
-from simulator.policies.nets import build_net
-from simulator.methods.radar.serving_policy import RadarLoadPolicy, level_inputs, stop_depth
-from simulator.methods.resps.serving_policy import LoadAwarePolicy
-from simulator.policy_specs import load_policy
-from simulator.serving import observations
-from pipeline.decode import step_shape
-from simulator.serving.inputs import replayable
-from simulator.serving.choosers.learned import LearnedChooser
-from simulator.serving.load import serve
-from simulator.serving.replay import ShapeTable
-from simulator.methods.train_load import LoadTrainConfig, train_load
 from simulator.methods.ltd.serving_train import LTDLoadConfig, decision_index
 from simulator.methods.ltd.serving_train import action_shapes as ltd_shapes
+from simulator.methods.radar.serving_policy import RadarLoadPolicy, level_inputs, stop_depth
 from simulator.methods.radar.serving_train import RadarLoadConfig
 from simulator.methods.radar.serving_train import action_shapes as radar_shapes
+from simulator.methods.resps.serving_policy import LoadAwarePolicy
+from simulator.methods.train_load import LoadTrainConfig, train_load
+from simulator.policies.base import CONTINUE, STOP
+from simulator.policies.nets import build_net
+from simulator.policy_specs import load_policy
+from simulator.serving import observations
+from simulator.serving.choosers.learned import LearnedChooser
+from simulator.serving.inputs import replayable
+from simulator.serving.load import serve
+from simulator.serving.replay import ShapeTable
 from simulator.train.ppo import mlp_spec
 from tests.simulator.serving.conftest import root, logs  # noqa: F401 (pytest fixtures)
 

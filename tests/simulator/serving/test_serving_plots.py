@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from online.cli import main as cli
+from pipeline.decode import step_shape
 from pipeline.errors import DataError
 from simulator.logs.synthetic import SyntheticConfig, write_synthetic_logs
+from simulator.serve_eval import ServeEvalConfig, method_name, rate_sweep, serve_eval
 from simulator.serving import arrivals as arr
 from simulator.serving import plots
-from pipeline.decode import step_shape
 from simulator.serving.inputs import candidates
-from simulator.serve_eval import ServeEvalConfig, method_name, rate_sweep, serve_eval
 from simulator.serving.schedule import Schedule
 from simulator.serving.tune import tune
 from tests.simulator.serving.conftest import logs, lat  # noqa: F401 (pytest fixtures)

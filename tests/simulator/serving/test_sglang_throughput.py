@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.decode import step_shape
 from pipeline.errors import DataError, DraftGymError
 from simulator.serving import arrivals as arr
-from pipeline.decode import step_shape
 from simulator.serving.choosers.base import StepView
+from simulator.serving.choosers.sglang_throughput import PositionRates, SGLangThroughput, parse_tiers
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
-from simulator.serving.choosers.sglang_throughput import PositionRates, SGLangThroughput, parse_tiers
 from tests.simulator.serving.conftest import root, logs, lat  # noqa: F401 (pytest fixtures)
 
 
