@@ -11,7 +11,7 @@ STAMP := $(VENV)/.draftgym-setup
 # Every other package is pinned to the exact version CI tests with: constraints.txt (`make constraints`).
 CONSTRAINTS := constraints.txt
 
-.PHONY: setup test demo bench clean-cache constraints vllm constraints-vllm
+.PHONY: setup test demo bench gpu-check-dry clean-cache constraints vllm constraints-vllm
 
 setup: $(STAMP)
 
@@ -53,7 +53,11 @@ demo: setup
 
 # every benchmark at a small size, one summary table (data/reports/bench/summary.md)
 bench: setup
-	$(PY) -m online.bench
+	$(PY) -m tools.bench
+
+# the GPU check's dry run on this CPU (docs/gpu.md): every step at tiny size, before borrowing a GPU
+gpu-check-dry: setup
+	$(PY) -m tools.gpu_check --dry-run
 
 # the user cache: the dequantised embedded target, prompt-set and continuation caches
 clean-cache:

@@ -1,4 +1,4 @@
-"""DraftGym online: real decoding with a policy in the loop, the `draftgym` CLI, the demo, benchmarks.
+"""DraftGym online: real decoding with a policy in the loop, the `draftgym` CLI, the demo.
 
     cli.py          the `draftgym` command line (subcommands registered by each package)
     demo.py         `make demo`: the whole loop on the embedded default
@@ -6,6 +6,7 @@
     adapters/       simulator policies and choosers as the engine's controllers; `--policy` specs
     validate/       `draftgym validate`: speedups, lossless, sim-vs-real on the real device, at batch 1,
                     at each batch size and under a load trace
-    gpu_check/      `python -m online.gpu_check`: what a borrowed GPU checks, in one time budget
-    bench/          the benchmarks behind BENCHMARKS.md (`make bench`)
+    vllm/           `draftgym vllm-run`: DraftGym's heads and schedules in the real vLLM engine
+
+The GPU check and the benchmarks are tools, not part of the package: tools/ beside it.
 """

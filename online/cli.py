@@ -8,6 +8,7 @@ that runs it (pipeline.cliargs.set_command); nothing heavy is imported until a c
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib
 import sys
@@ -22,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline import cli as pipeline_cli
     from simulator import cli as simulator_cli
 
-    parser = argparse.ArgumentParser(prog="draftgym", description="DraftGym: learn speculative-decoding policies offline by exact replay; validate them online.")
+    parser = argparse.ArgumentParser(prog="draftgym", description="DraftGym: learn speculative-decoding policies offline by exact "
+                                                                  "replay; validate them online.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     pipeline_cli.register(sub)
     simulator_cli.register(sub)
@@ -90,7 +92,7 @@ def add_validate(sub: argparse._SubParsersAction) -> None:
                         "that dataset decoded. With --batch-sizes: at every run and B, before each method's generation, "
                         "ROUNDS rounds of the methods' shapes on the batched engine; the replay is timed with the logs' "
                         "profile whose measured levels these replace (online/validate/interleave.py); 0: off")
-    p.add_argument("--no-reanchor", dest="reanchor", action="store_false",
+    p.add_argument("--no-reanchor", dest="reanchor", action="store_false", default=None,
                    help="at T = 0, skip the re-anchored sim-vs-real (each method also replayed on its own decoded "
                         "text, collected after the decoding: online/validate/reanchor.py)")
     p.add_argument("--batch-sizes", help="comma-separated batch sizes B, e.g. 1,4,16: AR, each --shapes shape and the --schedule at each "
@@ -117,32 +119,43 @@ def add_validate(sub: argparse._SubParsersAction) -> None:
     window_arg(p)
     add_json(p, "print the report as one JSON object")
     add_no_progress(p)
-    set_command(p, _validate_config, "online.cli:run_validate_command", "online.validate.common:ValidateConfig")
+    set_command(p, _validate_config, "online.cli:run_validate_command",
+                "online.validate.common:Batch1Config,BatchSizesConfig,LoadTraceConfig")
+
+
+# the options that belong to one or two of validate's modes (online/validate/common.py), by field
+MODE_OPTIONS = {"reanchor": "--no-reanchor", "shapes": "--shapes", "schedule": "--schedule",
+                "batch_sizes": "--batch-sizes", "load_trace": "--load-trace", "max_batch": "--max-batch",
+                "row_budget_k": "--row-budget-k", "nightjar_k": "--nightjar-k", "acceptance_model": "--acceptance-model"}
 
 
 def _validate_config(args):
-    from online.validate.common import ValidateConfig
+    from online.validate.common import validate_mode
 
+    mode = validate_mode({name: flag for name, flag in MODE_OPTIONS.items() if getattr(args, name) not in (None, "")})
     ints = lambda name: given(getattr(args, name), lambda s: parse_positive_ints(s, "--" + name.replace("_", "-"))
                               if s else ())
-    return config_from_args(ValidateConfig, args, logs=given(args.logs, lambda s: s or None),
+    modal = {"batch_sizes": ints("batch_sizes"),
+             "shapes": given(args.shapes, lambda s: tuple(x.strip() for x in s.split(";") if x.strip()))}
+    names = {f.name for f in dataclasses.fields(mode)}
+    return config_from_args(mode, args, logs=given(args.logs, lambda s: s or None),
                             profile_verify_sizes=ints("profile_verify_sizes"), profile_contexts=ints("profile_contexts"),
-                            batch_sizes=ints("batch_sizes"),
-                            shapes=given(args.shapes, lambda s: tuple(x.strip() for x in s.split(";") if x.strip())))
+                            **{k: v for k, v in modal.items() if k in names})
 
 
 def run_validate_command(cfg) -> int:
-    """`draftgym validate`: at batch 1 (online/validate/batch1.py), or at --batch-sizes (online/validate/batch.py)."""
-    if cfg.load_trace:
+    """`draftgym validate` in its mode: batch 1 (online/validate/batch1.py), at --batch-sizes
+    (online/validate/batch.py) or under a --load-trace (online/validate/load.py)."""
+    from online.validate.common import BatchSizesConfig, LoadTraceConfig
+
+    if isinstance(cfg, LoadTraceConfig):
         from online.validate.load import run_validate_load_command
 
         return run_validate_load_command(cfg)
-    if cfg.batch_sizes:
+    if isinstance(cfg, BatchSizesConfig):
         from online.validate.batch import run_validate_batch_command
 
         return run_validate_batch_command(cfg)
-    if cfg.schedule:
-        raise DraftGymError("--schedule needs --batch-sizes or --load-trace (a schedule picks a shape per batch size)")
     from online.validate.batch1 import run_validate_batch1_command
 
     return run_validate_batch1_command(cfg)

@@ -38,7 +38,14 @@ import time
 from pathlib import Path
 
 from online.cli import main as draftgym
+from online.vllm.env import vllm_python
+from pipeline.decode import step_shape
+from pipeline.errors import DraftGymError
 from pipeline.models.head import DEFAULT_HEAD_DIR
+from pipeline.models.target import resolve_dtype_name
+from simulator.methods.ltd.train import LTDConfig
+from simulator.serving.formats.export import expressible
+from simulator.serving.schedule import is_off_everywhere, Schedule
 
 
 def main(argv=None) -> int:
@@ -70,7 +77,6 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                     help="compute dtype of every step (default: bf16 on a GPU, pipeline.models.target.default_cpu_dtype on a CPU)")
     args = ap.parse_args(argv)
-    from pipeline.models.target import resolve_dtype_name
     dt = ["--dtype", resolve_dtype_name(args.dtype)]     # resolved once: every step uses the same dtype
     head = args.head or ("default" if (DEFAULT_HEAD_DIR / "config.json").is_file() else "random")
     out = Path(args.out)
@@ -139,8 +145,6 @@ def main(argv=None) -> int:
 def training_note(ltd_steps: int) -> str:
     """What the report says of the demo's LTD policy: its budget against `draftgym train`'s own, and where the
     full-budget figures are (a short budget trails grid-best where the full one beats it)."""
-    from simulator.methods.ltd.train import LTDConfig
-
     full = LTDConfig().depth_steps
     return (f"LTD trained {ltd_steps:,} PPO steps per depth phase (size phases a quarter) to fit the demo's time "
             f"budget; `draftgym train --method ltd` trains {full:,} by default. A policy trained this briefly can "
@@ -148,9 +152,6 @@ def training_note(ltd_steps: int) -> str:
 
 
 def vllm_installed() -> bool:
-    from online.vllm.env import vllm_python
-    from pipeline.errors import DraftGymError
-
     try:
         return bool(vllm_python())
     except DraftGymError:
@@ -160,10 +161,6 @@ def vllm_installed() -> bool:
 def vllm_speculates(schedule_path) -> bool:
     """Whether the schedule, as vLLM can run it (export --best-expressible: each tuned B's best chain), drafts
     at some batch size; if not (AR everywhere, or every shape that beat AR a tree), there is nothing to export."""
-    from pipeline.decode import step_shape
-    from simulator.serving.formats.export import expressible
-    from simulator.serving.schedule import Schedule, is_off_everywhere
-
     return not is_off_everywhere(expressible(Schedule.load(schedule_path), step_shape.is_chain, "vLLM", best=True)[0])
 
 

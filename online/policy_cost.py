@@ -21,9 +21,17 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from online.adapters.policy import PolicyController
+from pipeline.decode.engine.single import Engine
 from pipeline.errors import DataError, DraftGymError
-from pipeline.logs.schema import SCHEMA_VERSION, read_table, table_files
+from pipeline.logs.schema import read_table, SCHEMA_VERSION, table_files
+from pipeline.models.head import load_head_for
+from pipeline.models.target import encode_prompt, load_target
+from pipeline.profiling.profile import profile_rows, write_profile
+from pipeline.profiling.timed_ops import stats_of
+from pipeline.runtime.fingerprint import device_name, environment_fingerprint
 from simulator.latency.estimate import DEFAULT_POINT, with_point
+from simulator.methods.checkpoint import load_checkpoint
 
 PROMPTS = ("Explain how a hash map works, step by step.",
            "Write a Python function that returns the n-th Fibonacci number.",
@@ -48,8 +56,6 @@ def newest_profile(logs: str, model: str, device: str) -> dict:
 
 def measure_policy_cost(engine, tokenizer, controller, n_tokens: int = 48, prompts=PROMPTS) -> list[float]:
     """Seconds per policy call, one figure per generation (after one warm-up generation)."""
-    from pipeline.models.target import encode_prompt
-
     ids = [encode_prompt(tokenizer, p) for p in prompts]
     engine.generate(ids[0], 8, controller=controller)
     per_call = []
@@ -65,11 +71,6 @@ def run_profile_policy(policies: list[str], logs: str, model: str = "smollm2-135
                        n_tokens: int = 48, device: str | None = None, progress: bool = True,
                        dtype: str | None = None) -> dict:
     """Load the checkpoints, the target and the head, then `profile_policies`."""
-    from pipeline.decode.engine.single import Engine
-    from pipeline.models.head import load_head_for
-    from pipeline.models.target import load_target
-    from simulator.methods.checkpoint import load_checkpoint
-
     if not table_files(logs, "latency"):       # fail before loading any model
         raise DataError(f"no latency profile under {logs}/latency (run `draftgym profile` first)")
     loaded = [(spec, load_checkpoint(spec)) for spec in policies]     # bad checkpoints fail before the model loads
@@ -84,10 +85,6 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
     """loaded: [(spec, Policy from load_checkpoint)]. Times each in `engine` and writes its
     'policy:<latency_key>' row next to the newest profile of this device under `logs`."""
     from tqdm import tqdm
-
-    from pipeline.runtime.fingerprint import device_name, environment_fingerprint
-    from pipeline.profiling.timed_ops import stats_of
-    from online.adapters.policy import PolicyController
 
     dev = engine.device
     base = newest_profile(logs, model, device_name(dev, engine.dtype))     # the name carries the dtype
@@ -105,7 +102,6 @@ def profile_policies(engine, tokenizer, loaded: list, logs: str, model: str, n_t
                      "batch": 1, **stats, "env_json": env})
         row = {"op": f"policy:{key}", "batch": 1, **stats}
         out[key] = with_point([row], DEFAULT_POINT)[0][DEFAULT_POINT]   # what the latency model charges
-    from pipeline.profiling.profile import write_profile
 
     # next to the profile's own file (pipeline.profiling.profile), so every latency reader finds it
     path = write_profile(rows, logs, model, f"{base['profile_id']}-policies-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -116,8 +112,6 @@ def copy_policy_rows(logs: str, model: str, src_profile: str, dst_profile: str) 
     """Give profile `dst_profile` the 'policy:<key>' rows of `src_profile` (same device, same root),
     e.g. validate's pooled interleaved profile gets the call costs timed right before decoding.
     Returns the number of rows copied."""
-    from pipeline.profiling.profile import profile_rows, write_profile
-
     rows = [{**r, "profile_id": dst_profile} for r in profile_rows(logs, src_profile)
             if r["model_id"] == model and str(r["op"]).startswith("policy:")]
     if rows:

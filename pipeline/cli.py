@@ -10,6 +10,7 @@ stays fast.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from pipeline.cliargs import (COUNT, DTYPES, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, add_device_dtype,
                               add_json, add_model_head, add_no_progress, add_split, comma_list, config_from_args,
@@ -37,7 +38,8 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
                    help="decode with the batched engine at batch B (continuous batching): one JSON line per prompt "
                         "on stdout, a summary line (tokens/s, B, shape) on stderr; prompt i samples with seed + i "
                         "(default: none: one prompt, the batch-1 engine)")
-    p.add_argument("--method", choices=["ar", "eagle3"], help="ar: plain autoregressive decoding; eagle3: speculative decoding with the head")
+    p.add_argument("--method", choices=["ar", "eagle3"],
+                   help="ar: plain autoregressive decoding; eagle3: speculative decoding with the head")
     p.add_argument("--depth", type=COUNT, help="D: draft forwards per cycle")
     p.add_argument("--width", type=COUNT, help="W: EAGLE top_k")
     p.add_argument("--verify-size", type=COUNT, help="V: tokens verified per cycle, root included")
@@ -79,7 +81,8 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
     TrainConfig's default, which its help states."""
     p = sub.add_parser("train-draft", help="train an EAGLE-3 draft head (self-distillation + training-time test)")
     p.add_argument("--model", help="'smollm2-135m', a HF model dir or a hub id")
-    p.add_argument("--dataset", dest="datasets", metavar="DATASET", type=comma_list, help="comma list of train-split datasets, each NAME or NAME:COUNT (e.g. sharegpt,gsm8k:300)")
+    p.add_argument("--dataset", dest="datasets", metavar="DATASET", type=comma_list,
+                   help="comma list of train-split datasets, each NAME or NAME:COUNT (e.g. sharegpt,gsm8k:300)")
     p.add_argument("--n-prompts", type=COUNT, default=None, help="prompts in total, shared evenly")
     p.add_argument("--out", required=True, help="head directory: config.json, model.safetensors, manifest.json")
     p.add_argument("--data", default=None,
@@ -93,7 +96,8 @@ def add_train_draft(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-len", type=COUNT, default=None, help="tokens per training sequence")
     p.add_argument("--max-new-tokens", type=COUNT, default=None, help="regenerated answer length")
     p.add_argument("--max-prompt-tokens", type=COUNT, default=None, help="skip longer prompts")
-    p.add_argument("--gen-batch-size", type=COUNT, default=None, help="rows decoded together in self-distillation (on the 2-core AMX Xeon in bf16, "
+    p.add_argument("--gen-batch-size", type=COUNT, default=None,
+                   help="rows decoded together in self-distillation (on the 2-core AMX Xeon in bf16, "
                         "64 rows gave 175 tokens/s and 128 rows 108)")
     p.add_argument("--regen-budget-min", type=POSITIVE_FLOAT, default=None,
                    help="stop regenerating answers after this long and train on those done (resumable) "
@@ -189,13 +193,17 @@ def add_collect(sub: argparse._SubParsersAction) -> None:
     add_split(p)
     p.add_argument("--n-prompts", type=COUNT, help="first N prompts of the split")
     p.add_argument("--max-new-tokens", type=COUNT, help="logged continuation length per prompt (episode length)")
-    p.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, help="0 = greedy continuation; > 0 samples it (and logs acceptance distributions)")
+    p.add_argument("--temperature", type=NON_NEGATIVE_FLOAT,
+                   help="0 = greedy continuation; > 0 samples it (and logs acceptance distributions)")
     p.add_argument("--seed", type=NON_NEGATIVE, help="sampling seed (T > 0) and random-head seed")
     p.add_argument("--widths", help="comma-separated W values")
     p.add_argument("--max-depth", type=COUNT, help="deepest tree logged (Dmax): acceptance tables cover D = 1..Dmax")
-    p.add_argument("--position-batch", type=COUNT, help="roots expanded together in one batched draft forward (x the width = rows per head matmul); "
+    p.add_argument("--position-batch", type=COUNT,
+                   help="roots expanded together in one batched draft forward (x the width = rows per head matmul); "
                         "larger uses more memory at long contexts")
-    p.add_argument("--dist-every", type=NON_NEGATIVE, help="T > 0: log acceptance-length distributions at every k-th position (0 = never; each costs a verify forward)")
+    p.add_argument("--dist-every", type=NON_NEGATIVE,
+                   help="T > 0: log acceptance-length distributions at every k-th position (0 = never; each costs a "
+                        "verify forward)")
     p.add_argument("--dist-verify-size", type=COUNT, help="T > 0: V of the tree whose acceptance-length distribution is logged")
     p.add_argument("--num-actors", type=COUNT, default=None,
                    help="Ray actors, one model copy each (default: from the cluster's resources: one per GPU "
@@ -210,7 +218,8 @@ def add_collect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--retry-failed", action="store_true",
                    help="collect again the prompts recorded in the failures table by an earlier run of the same "
                         "command (without it they are skipped and listed); a success deletes their failures row")
-    p.add_argument("--prompt-batch", type=COUNT, help="prompts one actor takes at a time: sorted by length, their continuations are generated "
+    p.add_argument("--prompt-batch", type=COUNT,
+                   help="prompts one actor takes at a time: sorted by length, their continuations are generated "
                         "together (batches of <= GEN_TOKENS slot tokens, pipeline.collect.actor; cached on the "
                         "actor's node under $DRAFTGYM_CACHE/continuations), then teacher-forced and expanded in "
                         "groups of similar length (<= GROUP_PROMPTS prompts, <= GROUP_TOKENS padded tokens), each "
@@ -232,8 +241,6 @@ def add_collect(sub: argparse._SubParsersAction) -> None:
 
 def _collect_config(args):
     """CollectJob: the logged data's config (dtype and split resolved, as the run_key needs) + the job's."""
-    from dataclasses import replace
-
     from pipeline.collect.job import CollectJob
     from pipeline.collect.prompt import CollectConfig
     from pipeline.datasets import resolve_split
@@ -251,7 +258,8 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--widths", help="comma-separated W values to time draft forwards at")
     p.add_argument("--verify-sizes", help="comma-separated V values to time verification at")
     p.add_argument("--contexts", help="comma-separated context lengths")
-    p.add_argument("--repeats", type=COUNT, help="timed rounds of the shapes per (batch size, context) generation (and timed calls, --isolated)")
+    p.add_argument("--repeats", type=COUNT,
+                   help="timed rounds of the shapes per (batch size, context) generation (and timed calls, --isolated)")
     p.add_argument("--rounds", type=COUNT, help="passes through the whole (batch size, context) grid, --repeats each: "
                         "more than 1 spreads every cell's samples over the profile's time, for a machine whose speed drifts")
     p.add_argument("--top-ups", type=NON_NEGATIVE, help="up to this many times, run once more each (batch size, context) whose cells "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -80,10 +81,9 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def field_defaults(config: str) -> dict:
-    """{field: default} of the Config class 'module:Class', nested Config fields included (a
-    field whose default is a dataclass contributes that dataclass's fields, outer names first)."""
-    import importlib
-
+    """{field: default} of the Config class 'module:Class' ('module:A,B': of each, the first one's
+    default first), nested Config fields included (a field whose default is a dataclass contributes
+    that dataclass's fields, outer names first)."""
     module, name = config.split(":")
     out: dict = {}
 
@@ -102,7 +102,8 @@ def field_defaults(config: str) -> dict:
         for c in nested:
             walk(c)
 
-    walk(getattr(importlib.import_module(module), name))
+    for cls in name.split(","):
+        walk(getattr(importlib.import_module(module), cls))
     return out
 
 

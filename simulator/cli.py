@@ -78,7 +78,8 @@ def _evaluate_config(args):
 def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a policy in the replay simulator (radar | ltd | resps)")
     _logs_args(p)
-    p.add_argument("--method", required=True, choices=METHODS, help="radar (REINFORCE stop/continue), ltd (PPO depth + size), resps (PPO tree shape, held N cycles)")
+    p.add_argument("--method", required=True, choices=METHODS,
+                   help="radar (REINFORCE stop/continue), ltd (PPO depth + size), resps (PPO tree shape, held N cycles)")
     p.add_argument("--out", required=True, help="policy directory (checkpoint + manifest.json + curve PNG)")
     p.add_argument("--steps", type=COUNT, default=None,
                    help="budget: ltd = depth env steps per depth phase (size phases get a quarter; default 200k); "

@@ -129,7 +129,7 @@ def evaluate(logs_root: str | Path, split: str = "test", policies: list[str] | N
     in one pass, every method over the evaluated split in a second, the goodput heuristic fitted on a
     sampled window of the training split. ray=True runs each chunk of each pass as a Ray task
     (simulator.logs.ray_chunks; RAY_ADDRESS: a cluster). Per-sequence results are put back in the logs'
-    order, so the figures equal the in-memory path's (tests/simulator/inputs/test_logs_stream.py, tests/pipeline/jobs/test_cluster.py)."""
+    order, so the figures equal the in-memory path's (tests/simulator/logs/test_logs_stream.py, tests/pipeline/collect/test_cluster.py)."""
     for spec in policies or []:
         parse_spec(spec)                 # a bad spec fails in one line before the logs load
     src = LogSource(logs_root, model=model, temperature=temperature, datasets=datasets, widths="all", dtype=dtype,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from dataclasses import replace
 
 from pipeline.cliargs import (COUNT, DTYPES, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, add_json,
                               add_no_progress, config_from_args, set_command, window_arg)
@@ -34,7 +35,8 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shapes", choices=["chain", "tree", "all"],
                    help="candidates besides off: chain K = 1..8 (needs width-1 logs), the logged trees, or both")
     p.add_argument("--split", help="split the choice is made on")
-    p.add_argument("--requests-per-slot", type=COUNT, help="closed batch of B rows: max(sequences, this x B) requests, the split's sequences cycled")
+    p.add_argument("--requests-per-slot", type=COUNT,
+                   help="closed batch of B rows: max(sequences, this x B) requests, the split's sequences cycled")
     p.add_argument("--max-batch", type=COUNT, help="the schedule's last range reaches this batch size (default: the largest tuned B)")
     p.add_argument("--out", required=True, help="schedule JSON to write (the tokens/s table goes beside it, same name with .csv)")
     p.add_argument("--no-refine", dest="refine", action="store_false", default=None, help="tune only --batch-sizes "
@@ -160,8 +162,6 @@ def add_train_load(sub: argparse._SubParsersAction) -> None:
 
 
 def _train_load_config(args):
-    from dataclasses import replace
-
     from simulator.methods.train_load import LoadTrainConfig
     from simulator.methods.ltd.serving_train import LTDLoadConfig
     from simulator.methods.radar.serving_train import RadarLoadConfig
@@ -235,7 +235,8 @@ def add_profile_import(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model_id of the logs the profile will time")
     p.add_argument("--dtype", choices=list(DTYPES), help="the engine's compute dtype")
     p.add_argument("--profile-id", default=None, help="profile_id (default: <engine>-<file stem>)")
-    p.add_argument("--context-len", type=NON_NEGATIVE, help="the context length the engine measured at (its file does not say; one level, flat in c)")
+    p.add_argument("--context-len", type=NON_NEGATIVE,
+                   help="the context length the engine measured at (its file does not say; one level, flat in c)")
     p.add_argument("--compare-logs", default=None,
                    help="logs root to replay the same shapes on at batch 1: the file's acc_length against the "
                         "replayed tau (default: no comparison)")

@@ -18,11 +18,13 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 # The files that take 8 s or more on the 2-core box, longest first (a serial run's --durations).
-# With --no-loadscope-reorder (Makefile) xdist hands the files out in collection order, the next one to a worker whose queue runs low, so the long ones start first and
-# the end of the queue is short files: no worker is left alone with a long one at the end
-# (longest-processing-time-first scheduling). The files not named follow, as collected.
+# With --no-loadscope-reorder (Makefile) xdist hands the files out in collection order, the next one to
+# a worker whose queue runs low, so the long ones start first and the end of the queue is short files:
+# no worker is left alone with a long one at the end (longest-processing-time-first scheduling). The
+# files not named follow, as collected.
 LONGEST_FIRST = ("test_vllm.py", "test_lossless.py", "test_demo.py", "test_dtype.py", "test_sampling.py", "test_collect_job.py",
-                 "test_collect.py", "test_validate.py", "test_cluster.py", "test_transfer.py", "test_engine.py", "test_batch_cli.py",
+                 "test_collect.py", "test_validate.py", "test_cluster.py", "test_transfer.py", "test_engine.py", "test_validate_batch.py",
+                 "test_generate_cli.py",
                  "test_batch_engine.py", "test_smollm2.py", "test_notebook_sim_vs_real.py", "test_no_deprecations.py",
                  "test_architectures.py", "test_serving_plots.py", "test_reanchor.py", "test_train_draft.py",
                  "test_gpu_check.py", "test_chooser_adapter_learned.py", "test_obs_rich.py", "test_bench_collect.py",

@@ -145,3 +145,14 @@ def test_batch_steps_vs_model(syn_logs, tmp_path, capsys):
     load("batch_steps_vs_model").main([str(tmp_path), str(syn_logs)])
     out = capsys.readouterr().out
     assert re.search(r"B= 2 static\s+tree  n=  3 .* step\s+30\.0/", out), out
+
+
+def test_house_tree(tmp_path, capsys):
+    """The working tree's folders and import graph: the engine's folder, the tools, and the flow
+    online -> simulator -> pipeline (no edge from a lower package to a higher one)."""
+    assert load("house_tree").main(["--worktree", "--out", str(tmp_path / "tree.md")]) == 0
+    md = (tmp_path / "tree.md").read_text()
+    assert "| `pipeline/decode/engine/` |" in md and "| `tools/gpu_check/` |" in md and md == capsys.readouterr().out[:-1]
+    edges = re.findall(r"^- `(\w+)\.[\w.]*` -> (.*)$", md, re.M)
+    rank = {"pipeline": 0, "simulator": 1, "online": 2, "tools": 3}
+    assert edges and all(rank[b] <= rank[a] for a, targets in edges for b in re.findall(r"`(\w+)", targets))

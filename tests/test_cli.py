@@ -132,3 +132,16 @@ def test_building_the_parser_imports_nothing_heavy():
             "heavy = [m for m in ('torch', 'numpy', 'transformers', 'ray') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_the_replay_imports_no_torch():
+    """The reason the simulator's and the pipeline's torch imports are lazy (docs/design.md, "Data flow"):
+    the replay, evaluate, serve-eval, tune, the latency model and the logs import no torch, transformers,
+    Ray or matplotlib, so a CPU-only replay starts in a fraction of a second."""
+    mods = ["simulator.replay", "simulator.evaluate", "simulator.serve_eval", "simulator.serving.tune",
+            "simulator.latency.model", "simulator.logs.replay_logs", "simulator.baselines", "simulator.envs.core",
+            "simulator.serving.load", "pipeline.logs.schema", "pipeline.decode.step_shape"]
+    code = (f"import importlib, sys; [importlib.import_module(m) for m in {mods!r}]; "
+            "heavy = [m for m in ('torch', 'transformers', 'ray', 'matplotlib') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

@@ -21,7 +21,7 @@ MODES = ("global", "thread_local", "relaxed")
 
 
 def one(target: str) -> dict:
-    from online.gpu_check.run import CheckConfig, build_head, build_target
+    from tools.gpu_check.run import CheckConfig, build_head, build_target
     from pipeline.decode.engine.core import BatchEngine
     from pipeline.decode.controller import StaticController
     from pipeline.decode.step_shape import StepShape

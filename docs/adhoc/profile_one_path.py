@@ -43,7 +43,8 @@ res = profile_engine(eng, t.tokenizer, "smollm2-135m", out, verify_sizes=(1, 2, 
                      contexts=(32, 512), repeats=int(sys.argv[2]), prefill_lengths=(), progress=False)
 wall = time.perf_counter() - t0
 rows = [r for f in table_files(out, "latency") for r in read_table(f, "latency").to_pylist()]
-print(json.dumps({"wall_s": wall, "rows": [{k: r[k] for k in ("op", "width", "verify_size", "context_len", "batch", "n", "median")} for r in rows]}))
+print(json.dumps({"wall_s": wall, "rows": [{k: r[k] for k in ("op", "width", "verify_size", "context_len", "batch", "n", "median")}
+                                           for r in rows]}))
 '''
 
 

@@ -38,7 +38,8 @@ def main(argv=None) -> None:
                     run()
                     ts[impl].append(time.perf_counter() - t0)
             med = {k: statistics.median(v) * 1e3 for k, v in ts.items()}
-            print(f"{B:>3} {c:>5} {V:>3} {med['sdpa']:>9.1f} {med[attention.NAME]:>18.1f} {med['sdpa'] / med[attention.NAME]:>6.2f}", flush=True)
+            print(f"{B:>3} {c:>5} {V:>3} {med['sdpa']:>9.1f} {med[attention.NAME]:>18.1f} "
+                  f"{med['sdpa'] / med[attention.NAME]:>6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ read and replay seconds and the process's peak RSS. Log: docs/benchmarks/2026-11
 
     PYTHONPATH=. .venv/bin/python docs/adhoc/tune_task_memory.py LOGS [MAX_POSITIONS]
 
-LOGS: logs written by `python -m online.bench.scale --phases write,tune` (the tune phase writes the
+LOGS: logs written by `python -m tools.bench.scale --phases write,tune` (the tune phase writes the
 synthetic batched profile under LOGS/_bench_tune).
 """
 import argparse

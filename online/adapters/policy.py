@@ -6,7 +6,7 @@
 The hooks turn the engine's objects (StepContext and StepRecord at B = 1, DraftStep, DraftPool) into
 the same batched inputs the replay builds from the logs (simulator.policies.base's PlanBatch, StepBatch,
 PoolBatch with n = 1), so a policy sees identical observations online and offline
-(tests/online/test_sim_online_parity.py). Policies with batch-1 fast paths (plan_one, continue_one,
+(tests/online/validate/test_sim_online_parity.py). Policies with batch-1 fast paths (plan_one, continue_one,
 verify_size_one) are called through those.
 """
 from __future__ import annotations

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from online.adapters.policy import PolicyController
 from pipeline.decode.controller import Controller, StaticController
 from pipeline.errors import DraftGymError
+from simulator.policy_specs import CHECKPOINT, load_policy, parse_spec
 
 
 def policy_label(spec: str) -> str:
     """A short display name: the checkpoint directory's name, or the built-in spec (a bad spec is
     refused here, in one line)."""
-    from simulator.policy_specs import CHECKPOINT, parse_spec
-
     if parse_spec(spec)[0] != CHECKPOINT:
         return spec
     p = Path(spec)
@@ -31,9 +31,6 @@ def policy_label(spec: str) -> str:
 def make_controller(spec: str, logs=None, latency=None) -> Controller:
     """Engine controller for a policy spec (parsed by simulator.policy_specs.parse_spec): a static
     shape runs as the engine's own StaticController, anything else as a PolicyController."""
-    from online.adapters.policy import PolicyController
-    from simulator.policy_specs import load_policy, parse_spec
-
     name, args = parse_spec(spec)
     if name == "static":
         return StaticController(*args)

@@ -1,7 +1,9 @@
 """`draftgym validate`: methods decoded on the real device, timed, checked lossless, and compared with
 the replay's prediction.
 
-    common.py        what every report shares: ValidateConfig, its checks, prompt sets, acceptance logs
+    common.py        what every mode shares: ValidateConfig, the three modes' configs (Batch1Config,
+                     BatchSizesConfig, LoadTraceConfig) and which one a command is, the checks,
+                     prompt sets, acceptance logs
     speedbench.py    the one decoding driver at every B (run_calls): Spec-Bench-style timing, the lossless check
     batch1.py        `draftgym validate`: per-prompt speedups, lossless, sim-vs-real at batch 1
     report.py        its Markdown + PNG report

@@ -47,14 +47,27 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import metrics as pipeline_metrics
-from online.validate.common import ValidateConfig, check_config, load_prompt_sets, load_replay, print_report
 from online.validate.batch_report import write_batch_markdown
+from online.validate.common import BatchSizesConfig, check_config, load_prompt_sets, load_replay, print_report
+from online.validate.interleave import BatchProfileSlices, slice_contexts, time_local_profile
+from online.validate.sim_vs_real import step_cost
+from online.validate.speedbench import Call, run_calls
+from pipeline import metrics as pipeline_metrics
+from pipeline.decode import step_shape
+from pipeline.decode.controller import ScheduleController, StaticController
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.lossless import summarize_verdicts
+from pipeline.decode.step_shape import canonical, label, StepShape
 from pipeline.errors import DataError, DraftGymError
 from pipeline.logs.schema import write_batch_steps
+from pipeline.models.head import load_head_for
+from pipeline.models.target import encode_prompt, load_target, resolve_dtype_name
 from pipeline.runtime.atomic import atomic_write_json
+from pipeline.runtime.fingerprint import device_name, environment_fingerprint
 from simulator.serving import metrics
+from simulator.serving.inputs import lookup_verify
+from simulator.serving.replay import closed_batch, ShapeTable
+from simulator.serving.schedule import Schedule
 
 AR = "ar"
 SCHEDULE = "schedule"
@@ -73,24 +86,16 @@ class Method:
         return None if self.name == AR else self.controller
 
     def controller(self):
-        from pipeline.decode.controller import ScheduleController, StaticController
-        from pipeline.decode.step_shape import StepShape
-
         if self.schedule is None:
             return StaticController(StepShape(*self.shape))
-        rs = self.schedule.ranges            # beyond the last range, the last shape (Schedule.shape_for)
-        return ScheduleController([(lo, hi if k + 1 < len(rs) else None, StepShape(*s))
-                                   for k, (lo, hi, s) in enumerate(rs)])
+        return ScheduleController(self.schedule.ranges)      # the same rule: beyond the last range, its shape
 
     def shape_at(self, batch: int) -> tuple:
         return self.shape if self.schedule is None else self.schedule.shape_for(batch)
 
 
-def batch_methods(cfg: ValidateConfig) -> list[Method]:
+def batch_methods(cfg: BatchSizesConfig) -> list[Method]:
     """AR, the --shapes in order, then the --schedule (one-line errors for bad spellings)."""
-    from pipeline.decode import step_shape
-    from simulator.serving.schedule import Schedule
-
     out = [Method(AR, step_shape.OFF)]
     for spec in cfg.shapes:
         s = step_shape.parse(spec)
@@ -104,7 +109,7 @@ def batch_methods(cfg: ValidateConfig) -> list[Method]:
     return out
 
 
-def check_batch_config(cfg: ValidateConfig) -> None:
+def check_batch_config(cfg: BatchSizesConfig) -> None:
     """What `validate --batch-sizes` refuses up front, in one line, before any model loads."""
     check_config(cfg)
     if cfg.policies:
@@ -189,15 +194,13 @@ class Cell:
     held: list = field(default_factory=list)            # every run's held-window StepRecords (the clock's cost)
 
 
-def run_dataset(cfg: ValidateConfig, recs, prompts: list[list[int]], engine, methods: list[Method],
+def run_dataset(cfg: BatchSizesConfig, recs, prompts: list[list[int]], engine, methods: list[Method],
                 run_id: str, dev: str, progress: bool, between=None) -> tuple[dict, dict]:
     """Every method at every B, cfg.runs times, on the one driver (online/validate/speedbench.py run_calls: run
     r starts at method r mod M, so no method always decodes first or last; each row classified
     against its prompt's batch-1 AR output); the step table written per B. between(B), when given,
     runs before every method's generation (--profile-interleave's slices). Returns
     ({B: {method: Cell}}, {B: the step table's path})."""
-    from online.validate.speedbench import Call, run_calls
-
     n = len(prompts)
     queues = [[k % n for k in range(queue_length(n, B))] for B in cfg.batch_sizes]   # the prompts cycled to Q_B
 
@@ -255,14 +258,12 @@ def summarize_cells(cells: dict, methods: list[Method], recs) -> dict:
 
 
 def _label(shape) -> str:
-    from pipeline.decode.step_shape import label
-
     return label(shape)
 
 
 # ---------------------------------------------------------------------------------- the simulator's side
 
-def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Method], by_batch: dict,
+def replay_side(cfg: BatchSizesConfig, logs, clocks: dict, recs, methods: list[Method], by_batch: dict,
                 cells: dict) -> dict:
     """Replayed tokens/s of a closed batch at each B against the held-B decode tokens/s measured
     (module docstring), once per clock: clocks = {suffix: LatencyModel} ("" for the report's main
@@ -272,11 +273,6 @@ def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Met
     price of the device's own held-window steps against their measured time (online/validate/
     sim_vs_real.py step_cost: the clock's share of the error); returns the notes of what could not
     be replayed."""
-    from online.validate.sim_vs_real import step_cost
-    from pipeline.decode import step_shape
-    from simulator.serving.inputs import lookup_verify
-    from simulator.serving.replay import ShapeTable, closed_batch
-
     ids = [r.prompt_id for r in recs]
     first = {}                                       # each prompt's first logged sequence
     for k, pid in enumerate(logs.prompt_id.tolist()):
@@ -318,13 +314,11 @@ def replay_side(cfg: ValidateConfig, logs, clocks: dict, recs, methods: list[Met
 
 # ---------------------------------------------------------------------------------- the command
 
-def interleave_slices(cfg: ValidateConfig, methods: list[Method], engine, tokenizer, encoded: dict):
+def interleave_slices(cfg: BatchSizesConfig, methods: list[Method], engine, tokenizer, encoded: dict):
     """--profile-interleave ROUNDS at --batch-sizes: the slices (online/validate/interleave.py) over the
     shapes the methods run at each B and the contexts of every dataset's prompts; None without it."""
     if not cfg.profile_interleave:
         return None
-    from online.validate.interleave import BatchProfileSlices, slice_contexts
-    from pipeline.decode.step_shape import canonical
 
     shapes_at = {B: sorted({canonical(m.shape_at(B)) for m in methods}) for B in cfg.batch_sizes}
     contexts = slice_contexts([p for ps in encoded.values() for p in ps], cfg.max_new_tokens,
@@ -332,14 +326,9 @@ def interleave_slices(cfg: ValidateConfig, methods: list[Method], engine, tokeni
     return BatchProfileSlices(engine, tokenizer, shapes_at, contexts, cfg.profile_interleave)
 
 
-def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
+def run_validate_batch(cfg: BatchSizesConfig, progress: bool = True) -> dict:
     """Every method at every B on every dataset's prompts; report.json, report.md, the PNG and the
     step tables go to cfg.out, and the report is returned."""
-    from pipeline.decode.engine.core import BatchEngine
-    from pipeline.models.head import load_head_for
-    from pipeline.models.target import encode_prompt, load_target, resolve_dtype_name
-    from pipeline.runtime.fingerprint import device_name, environment_fingerprint
-
     t_start = time.perf_counter()
     methods = batch_methods(cfg)
     dtype = resolve_dtype_name(cfg.dtype, cfg.device)
@@ -371,7 +360,6 @@ def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
     if logs is not None:
         clocks = {"": lat}
         if slices is not None:                       # the time-local profile; the logs' own: the second column
-            from online.validate.interleave import time_local_profile
 
             local, report["profile_interleave"] = time_local_profile(slices, engine, cfg.logs, lat.meta["profile_id"],
                                                                      logs.model, cfg.out, dev, dtype)
@@ -387,7 +375,7 @@ def run_validate_batch(cfg: ValidateConfig, progress: bool = True) -> dict:
     return report
 
 
-def run_validate_batch_command(cfg: ValidateConfig) -> int:
+def run_validate_batch_command(cfg: BatchSizesConfig) -> int:
     """`draftgym validate --batch-sizes ...`: check the settings, run, print the report. Exit status 1
     when a row at T = 0 was not lossless against its batch-1 AR output."""
     check_batch_config(cfg)

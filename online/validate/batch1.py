@@ -33,19 +33,33 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from online.adapters.specs import make_controller, policy_label
-from online.validate.common import ValidateConfig, check_config, load_acceptance_logs, load_prompt_sets, print_report
+from online.policy_cost import copy_policy_rows, profile_policies
+from online.validate.common import Batch1Config, check_config, load_acceptance_logs, load_prompt_sets, print_report
+from online.validate.reanchor import reanchor_for_validate
 from online.validate.report import write_markdown
 from online.validate.sim_vs_real import decode_tokens_per_s, sim_vs_real
 from online.validate.speedbench import run_methods, summarize
+from pipeline.datasets import resolve_split
 from pipeline.decode.controller import StaticController
+from pipeline.decode.engine.core import BatchEngine
+from pipeline.decode.engine.single import Engine
 from pipeline.decode.lossless import summarize_verdicts
 from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
 from pipeline.errors import DraftGymError
-from pipeline.logs.schema import CYCLES, SCHEMA_VERSION, partition_dir, write_atomic
+from pipeline.logs.schema import CYCLES, partition_dir, SCHEMA_VERSION, write_atomic
+from pipeline.models.head import load_head_for
+from pipeline.models.target import encode_prompt, load_target, resolve_dtype_name
+from pipeline.profiling.profile import ProfileSampler
 from pipeline.runtime.atomic import atomic_write_json
+from pipeline.runtime.fingerprint import device_name, environment_fingerprint
+from simulator import baselines
+from simulator.evaluate import grid_part, grid_search_parts, pick_tune_split
+from simulator.latency.estimate import POINTS
+from simulator.latency.model import LatencyModel
+from simulator.methods.checkpoint import load_checkpoint
+from simulator.policy_specs import CHECKPOINT, parse_spec
 
 if TYPE_CHECKING:
-    from simulator.latency.model import LatencyModel
     from simulator.logs.replay_logs import ReplayLogs
 
 
@@ -74,9 +88,6 @@ class SimSide:
         if self.clock_root is None:
             return {}
         if ds not in self.at_points:
-            from simulator.latency.estimate import POINTS
-            from simulator.latency.model import LatencyModel
-
             meta, local = self.clock.meta, self.local.get(ds)
             at = {p: LatencyModel.from_logs(self.clock_root, model=meta["model_id"], profile=meta["profile_id"],
                                             device=meta["device"], dtype=meta["dtype"], point=p) for p in POINTS}
@@ -122,15 +133,9 @@ def cycle_rows(run_id: str, method: str, prompt_id: str, run: int, res, device: 
     return rows
 
 
-def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
+def run_validate(cfg: Batch1Config, progress: bool = True) -> dict:
     """Every method decodes every dataset's prompts on this device; the report (report.json,
     report.md, cycles Parquet) goes to cfg.out and is returned."""
-    from online.validate.reanchor import reanchor_for_validate
-    from pipeline.decode.engine.single import Engine
-    from pipeline.models.head import load_head_for
-    from pipeline.models.target import load_target, resolve_dtype_name
-    from pipeline.runtime.fingerprint import device_name, environment_fingerprint
-
     out = Path(cfg.out)
     t_start = time.perf_counter()
     dtype = resolve_dtype_name(cfg.dtype, cfg.device)     # decoding and profile must be of this dtype
@@ -143,10 +148,12 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
 
     target = load_target(cfg.model, device=cfg.device, dtype=dtype)
     head = load_head_for(cfg.head, target.model, cfg.seed)
-    engine = Engine(target.model, head, target.eos_token_ids)
+    core = BatchEngine(target.model, head, target.eos_token_ids)    # the methods decode on it (run_methods)
+    engine = Engine.on(core)                                       # profile-first and re-anchoring: batch-1 calls
     dev = device_name(target.device, dtype)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    report = {"run_id": run_id, "config": asdict(cfg), "device": dev, "dtype": dtype, "logs_dtype": logs_dtype if logs is not None else None,
+    report = {"run_id": run_id, "config": asdict(cfg), "device": dev, "dtype": dtype,
+              "logs_dtype": logs_dtype if logs is not None else None,
               "environment": environment_fingerprint(target.device, dtype),
               "head_id": head.head_id, "datasets": {}, "command": " ".join(sys.argv)}
     labels = [policy_label(p) for p in cfg.policies]
@@ -159,7 +166,7 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
                                          progress)
     pending = []                                     # (entry, records, runs) of the datasets sim-vs-real compares
     for ds in cfg.datasets:
-        entry, runs = validate_dataset(cfg, ds, prompt_sets[ds], engine, target.tokenizer, sim, labels, interleave,
+        entry, runs = validate_dataset(cfg, ds, prompt_sets[ds], core, target.tokenizer, sim, labels, interleave,
                                        run_id, dev, progress)
         report["datasets"][ds] = entry
         if sim:
@@ -176,16 +183,11 @@ def run_validate(cfg: ValidateConfig, progress: bool = True) -> dict:
     return report
 
 
-def simulator_side(cfg: ValidateConfig, logs, source, note, engine, tokenizer, dev: str, dtype: str, report: dict,
+def simulator_side(cfg: Batch1Config, logs, source, note, engine, tokenizer, dev: str, dtype: str, report: dict,
                    progress: bool):
     """(SimSide, InterleavedProfile or None): this device's latency profile (fresh with --profile-first,
     recorded in `report`) and the grid-best configs it picks on the tune split (streamed over `source`, a
     LogSource, when the logs did not fit: then `logs` is a window)."""
-    from pipeline.datasets import resolve_split
-    from simulator import baselines
-    from simulator.evaluate import grid_part, grid_search_parts, pick_tune_split
-    from simulator.latency.model import LatencyModel
-
     lat_root, interleave = cfg.logs, None
     if cfg.profile_first or cfg.profile_interleave:
         report["profile_first"], sampler = profile_first(cfg, engine, tokenizer, Path(cfg.out), progress)
@@ -207,12 +209,10 @@ def simulator_side(cfg: ValidateConfig, logs, source, note, engine, tokenizer, d
     return SimSide(logs=logs, lat=lat, clock=lat, grid=grid, note=note, clock_root=str(lat_root)), interleave
 
 
-def validate_dataset(cfg: ValidateConfig, ds: str, recs, engine, tokenizer, sim: SimSide | None, labels,
+def validate_dataset(cfg: Batch1Config, ds: str, recs, core, tokenizer, sim: SimSide | None, labels,
                      interleave: InterleavedProfile | None, run_id: str, dev: str, progress: bool):
-    """Every method decodes `recs` (cfg.runs times, methods interleaved per prompt); the cycles go to
+    """Every method decodes `recs` on the engine `core` (cfg.runs times, methods interleaved per prompt); the cycles go to
     Parquet. Returns (the report entry of this dataset, the runs per method)."""
-    from pipeline.models.target import encode_prompt
-
     prompts = [encode_prompt(tokenizer, list(r.messages)) for r in recs]
     if interleave is not None:
         interleave.sampler.segment = ds              # the profile samples taken while this dataset decodes
@@ -221,7 +221,7 @@ def validate_dataset(cfg: ValidateConfig, ds: str, recs, engine, tokenizer, sim:
         methods["grid-best"] = StaticController(*sim.grid_best(ds))
     for spec, label in zip(cfg.policies, labels):
         methods[label] = make_controller(spec, logs=sim and sim.logs, latency=sim and sim.lat)
-    runs, verdicts = run_methods(engine.batched, prompts, methods, cfg.max_new_tokens, cfg.temperature, cfg.runs,
+    runs, verdicts = run_methods(core, prompts, methods, cfg.max_new_tokens, cfg.temperature, cfg.runs,
                                  cfg.seed, progress=progress, between=interleave)
     rows = [row for name, m in runs.items() if name != "ar" for r, run in enumerate(m.results)
             for rec, res in zip(recs, run) for row in cycle_rows(run_id, name, rec.prompt_id, r, res, dev)]
@@ -246,15 +246,12 @@ def validate_dataset(cfg: ValidateConfig, ds: str, recs, engine, tokenizer, sim:
     return entry, runs
 
 
-def pool_interleaved_profile(cfg: ValidateConfig, sim: SimSide, interleave: InterleavedProfile, report: dict,
+def pool_interleaved_profile(cfg: Batch1Config, sim: SimSide, interleave: InterleavedProfile, report: dict,
                              dev: str, dtype: str) -> None:
     """After the decoding: the interleaved rounds written as one pooled profile, which becomes the
     sim-vs-real clock, and per dataset that clock rescaled by the speed the profile's own samples saw
     while the dataset decoded (LatencyModel.scaled); the pooled clock's error stays in the report as a
     second column."""
-    from online.policy_cost import copy_policy_rows
-    from simulator.latency.model import LatencyModel
-
     t0 = time.perf_counter()
     sampler = interleave.sampler
     sampler.segment = "after"
@@ -278,17 +275,12 @@ def profile_entry(root, lat) -> dict:
             "trust_note": lat.meta.get("trust_note")}
 
 
-def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: bool = True):
+def profile_first(cfg: Batch1Config, engine, tokenizer, out: Path, progress: bool = True):
     """`--profile-first`: profile this engine in situ into `<out>/latency`, then time each checkpoint
     policy's controller calls into the same profile, right before decoding. Why: on a shared VM the
     machine's speed can drift 1.5-1.7x within an hour, and a profile taken in another
     state mis-predicts every method by that ratio. Returns (info, the sampler,
     whose further rounds `--profile-interleave` spreads over the decoding)."""
-    from online.policy_cost import profile_policies
-    from pipeline.profiling.profile import ProfileSampler
-    from simulator.methods.checkpoint import load_checkpoint
-    from simulator.policy_specs import CHECKPOINT, parse_spec
-
     t0 = time.perf_counter()
     sampler = ProfileSampler(engine, tokenizer, cfg.model, verify_sizes=cfg.profile_verify_sizes,
                              contexts=cfg.profile_contexts, repeats=cfg.profile_repeats)
@@ -301,7 +293,7 @@ def profile_first(cfg: ValidateConfig, engine, tokenizer, out: Path, progress: b
              "wall_s": time.perf_counter() - t0}, sampler)
 
 
-def run_validate_batch1_command(cfg: ValidateConfig) -> int:
+def run_validate_batch1_command(cfg: Batch1Config) -> int:
     """`draftgym validate`: check the settings, `run_validate`, print the report. Exit status 1 when
     an output at T = 0 was not lossless."""
     check_config(cfg)

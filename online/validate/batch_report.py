@@ -45,7 +45,8 @@ def dataset_section(ds: str, e: dict, dtype: str) -> list[str]:
         divs = [(name, d) for name, s in by_method.items() for d in s.get("divergences", [])]
         if divs:
             lines += ["", "Divergences from batch-1 AR (pipeline/decode/lossless.py):", "",
-                      "| method | run | request | prompt | status | k | AR token | token | gap (ulps) |", "|---|---|---|---|---|---|---|---|---|"]
+                      "| method | run | request | prompt | status | k | AR token | token | gap (ulps) |",
+                      "|---|---|---|---|---|---|---|---|---|"]
             lines += [f"| {n} | {d['run']} | {d['request']} | {d['prompt_id']} | {d['status']} | {_num(d['k'], '{}')} | "
                       f"{_num(d['ar_token'], '{}')} | {_num(d['spec_token'], '{}')} | {_num(d['gap_ulps'], '{:.1f}')} |"
                       for n, d in divs[:20]]

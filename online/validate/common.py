@@ -1,21 +1,31 @@
-"""What every `draftgym validate` report shares: its settings (`ValidateConfig`), the checks it makes
-before any model loads, the prompt sets, the acceptance logs the replay reads, and how a report is
-printed (online/validate/batch1.py at batch 1, batch.py at each B, load.py under a load trace)."""
+"""What every `draftgym validate` report shares: its settings, the checks it makes before any model
+loads, the prompt sets, the acceptance logs the replay reads, and how a report is printed.
+
+validate runs in one of three modes, each with its config (the shared `ValidateConfig` and its own
+settings) and its module:
+
+    Batch1Config       batch 1 (the default): policies, AR, static and grid-best     batch1.py
+    BatchSizesConfig   --batch-sizes: AR, static shapes and a schedule at each B     batch.py
+    LoadTraceConfig    --load-trace: the engine serving arrivals beside the replay   load.py
+"""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from pipeline.datasets import load_prompts, resolve_split
 from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
 from pipeline.errors import DataError, DraftGymError
-from simulator.logs.stream import DEFAULT_MAX_POSITIONS
+from simulator.latency.model import LatencyModel
+from simulator.logs.stream import DEFAULT_MAX_POSITIONS, LogSource
+from simulator.policy_specs import parse_spec
 
 
 @dataclass
 class ValidateConfig:
-    """`draftgym validate`: the methods (AR, static, grid-best, `policies`) decoding the same prompts on
-    this device, the lossless check and the sim-vs-real comparison (module docstring)."""
+    """What every `draftgym validate` mode shares: the target and head, the prompts decoded, the
+    methods' common settings, the acceptance logs the replay reads and where the report goes."""
 
     model: str = "smollm2-135m"          # target: 'smollm2-135m' (embedded), a HF model directory or a hub id
     head: str = "default"                # EAGLE-3 head: 'default', 'random', a directory or a hub id
@@ -33,35 +43,78 @@ class ValidateConfig:
     dtype: str | None = None             # compute dtype (default: bf16 on a GPU, pipeline.models.target.default_cpu_dtype on a CPU)
     logs_dtype: str | None = None        # the acceptance logs' dtype, when not the decoding's (transfer: logs of one
                                          # setting, the profile and decoding of another); None: the decoding's
-    profile_first: bool = False          # profile this device in situ right before decoding (see profile_first)
+    profile_first: bool = False          # profile this device in situ right before decoding (batch 1; see profile_first)
     profile_verify_sizes: tuple = (1, 2, 4, 8, 16, 32, 60, 100, 240)
     profile_contexts: tuple = (32, 128, 512)
     profile_repeats: int = 8             # timed rounds per context's generation (pipeline/profiling/steps.py)
-    profile_interleave: int = 0          # further profile rounds spread between the generations (implies profile_first)
-    batch_sizes: tuple = ()              # () = the batch-1 validation above; (1, 4, 16): every method at each B
-                                         # with the batched engine (online/validate/batch.py)
-    shapes: tuple = ("tree:8,10,60", "chain:2", "chain:4")   # batch_sizes: the static shapes (besides AR),
-                                         # spelled off | chain:K | tree:D,W,V (pipeline/decode/step_shape.py)
-    schedule: str | None = None          # batch_sizes: a schedule JSON written by `draftgym tune`, run as one method
-    load_trace: str | None = None        # a file of arrival times: serve it on the device and in replay
-                                         # (online/validate/load.py) instead of the runs above
-    max_batch: int = 16                  # load_trace: the most rows decoding at once
-    row_budget_k: int = 0                # load_trace: > 0 adds vLLM's adaptive verification over chains of K
-    nightjar_k: int = 0                  # load_trace: > 0 adds Nightjar's bandit over chains 0..K
-    acceptance_model: str | None = None  # load_trace: an acceptance model JSON (serve-eval --acceptance-model-out)
-                                         # adds DraftGym's learned per-request budget
-    reanchor: bool = True                # T = 0 sim-vs-real: also replay each method on its own decoded text
-                                         # (online/validate/reanchor.py: collected after the decoding, cheap next to it)
+    profile_interleave: int = 0          # further profile rounds spread between the generations (implies profile_first
+                                         # at batch 1; at --batch-sizes online/validate/interleave.py)
     max_positions_in_memory: int = DEFAULT_MAX_POSITIONS   # --logs larger than this are read as a window plus
                                          # the decoded prompts' sequences; grid-best streams them
     as_json: bool = False                # run_validate_command: print the report as one JSON object
     progress: bool = True                # run_validate_command: progress bars
 
 
+@dataclass
+class Batch1Config(ValidateConfig):
+    """Batch 1 (online/validate/batch1.py): the policies, AR, the static EAGLE-3 default and the
+    grid-best static config, the lossless check and sim-vs-real."""
+
+    reanchor: bool = True                # T = 0 sim-vs-real: also replay each method on its own decoded text
+                                         # (online/validate/reanchor.py: collected after the decoding, cheap next to it)
+
+
+@dataclass
+class ServedShapes(ValidateConfig):
+    """The static shapes and schedule the two batched modes serve besides AR."""
+
+    shapes: tuple = ("tree:8,10,60", "chain:2", "chain:4")   # spelled off | chain:K | tree:D,W,V
+                                         # (pipeline/decode/step_shape.py)
+    schedule: str | None = None          # a schedule JSON written by `draftgym tune`, run as one method
+
+
+@dataclass
+class BatchSizesConfig(ServedShapes):
+    """--batch-sizes (online/validate/batch.py): every method at each B with the batched engine."""
+
+    batch_sizes: tuple = (1, 4, 16)      # the batch sizes B, each a closed batch of max(N, 2B) requests
+
+
+@dataclass
+class LoadTraceConfig(ServedShapes):
+    """--load-trace (online/validate/load.py): the engine serving a file of arrival times, and the
+    continuous-batching replay of the same trace."""
+
+    load_trace: str = ""                 # a file of arrival times (s)
+    max_batch: int = 16                  # the most rows decoding at once
+    row_budget_k: int = 0                # > 0 adds vLLM's adaptive verification over chains of K
+    nightjar_k: int = 0                  # > 0 adds Nightjar's bandit over chains 0..K
+    acceptance_model: str | None = None  # an acceptance model JSON (serve-eval --acceptance-model-out) adds
+                                         # DraftGym's learned per-request budget
+
+
+MODE_NAMES = {Batch1Config: "batch 1 (no --batch-sizes or --load-trace)", BatchSizesConfig: "--batch-sizes",
+              LoadTraceConfig: "--load-trace"}
+
+
+def validate_mode(options: dict[str, str]):
+    """The mode's config class for the settings a user gave ({field: its option's flag}), or a one-line
+    error for a setting of another mode (a flag the chosen mode would silently ignore)."""
+    if "load_trace" in options and "batch_sizes" in options:
+        raise DraftGymError("--load-trace and --batch-sizes are two runs: the trace's load sets the batch size")
+    mode = LoadTraceConfig if "load_trace" in options else BatchSizesConfig if "batch_sizes" in options else Batch1Config
+    if "schedule" in options and mode is Batch1Config:
+        raise DraftGymError("--schedule needs --batch-sizes or --load-trace (a schedule picks a shape per batch size)")
+    own = {f.name for f in fields(mode)}
+    for name, flag in options.items():
+        if name not in own:
+            owners = " and of ".join(label for m, label in MODE_NAMES.items() if name in {f.name for f in fields(m)})
+            raise DraftGymError(f"{flag} is a setting of {owners}, not of {MODE_NAMES[mode]}")
+    return mode
+
+
 def load_prompt_sets(cfg: ValidateConfig) -> dict:
     """{dataset: the first n_prompts records of its split}; an empty set is a one-line error."""
-    from pipeline.datasets import load_prompts, resolve_split
-
     prompt_sets = {}
     for ds in cfg.datasets:
         split = resolve_split(ds, cfg.split)
@@ -81,7 +134,6 @@ def load_acceptance_logs(cfg: ValidateConfig, logs_dtype: str, prompt_ids=()):
         if cfg.profile_first or cfg.profile_interleave:
             raise DraftGymError("--profile-first needs --logs (the acceptance logs the simulator replays)")
         return None, None, None
-    from simulator.logs.stream import LogSource
 
     def read(temperature: float):
         src = LogSource(cfg.logs, model=cfg.model, temperature=temperature, widths="all", dtype=logs_dtype,
@@ -109,7 +161,6 @@ def load_replay(cfg: ValidateConfig, dev: str, dtype: str, prompt_ids: list[str]
     (logs larger than --max-positions-in-memory: a window plus the sequences of `prompt_ids`)."""
     if not cfg.logs:
         return None, None, "no --logs: no replayed tokens/s"
-    from simulator.latency.model import LatencyModel
 
     try:
         logs, note, _ = load_acceptance_logs(cfg, dtype, prompt_ids)
@@ -132,8 +183,6 @@ def _with_default_width(logs, root):
 
 def check_config(cfg: ValidateConfig) -> None:
     """The settings `draftgym validate` refuses up front, in one line, before any model loads."""
-    from simulator.policy_specs import parse_spec
-
     if cfg.temperature < 0:
         raise DraftGymError(f"temperature must be >= 0, got {cfg.temperature}")
     if cfg.runs < 1 or cfg.n_prompts < 1:

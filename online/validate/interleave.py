@@ -30,13 +30,17 @@ from __future__ import annotations
 
 import time
 
+from pipeline.decode.engine.core import BatchEngine
+from pipeline.decode.step_shape import StepShape
+from pipeline.errors import DataError
+from pipeline.profiling.profile import context_prompt, new_profile_id, profile_rows, row_maker, write_profile
 from pipeline.profiling.steps import grid_shapes, rows_of, step_samples
+from simulator.latency.batch import row_batch
+from simulator.latency.model import LatencyModel
 
 def slice_grid(shapes) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(widths, verify sizes) of the profile grid that holds the canonical shapes (D, W, V) run at one B:
     width 1 and V = 1 (the AR step) always; each shape's V clamped to its pool (the engine's V_eff)."""
-    from pipeline.decode.step_shape import StepShape
-
     widths, sizes = {1}, {1}
     for s in map(StepShape.of, shapes):
         if not s.is_off:
@@ -50,9 +54,6 @@ class BatchProfileSlices:
     pools every slice's samples into latency rows (op, stats, W, V, c, B)."""
 
     def __init__(self, engine, tokenizer, shapes_at: dict[int, list[tuple]], contexts, rounds: int):
-        from pipeline.decode.engine.core import BatchEngine
-        from pipeline.profiling.profile import context_prompt
-
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
         self.eng = BatchEngine(engine.model, engine.head, eos_token_ids=set())       # no EOS: the rows stay B
@@ -87,11 +88,6 @@ def slice_contexts(prompts: list[list[int]], max_new_tokens: int, max_positions:
 def time_local_profile(slices: BatchProfileSlices, engine, logs_root: str, base_profile: str, model: str, out: str,
                        dev: str, dtype: str):
     """The time-local profile (module docstring) written under `<out>/latency`; returns (LatencyModel, info)."""
-    from pipeline.errors import DataError
-    from pipeline.profiling.profile import new_profile_id, profile_rows, row_maker, write_profile
-    from simulator.latency.batch import row_batch
-    from simulator.latency.model import LatencyModel
-
     measured_rows = slices.rows()
     measured = {(op, B) for op, _, _, _, _, B in measured_rows}
     base = profile_rows(logs_root, base_profile)

@@ -46,6 +46,7 @@ has none), so TPOT and queue times compare too; throughput compares decode steps
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
@@ -56,38 +57,43 @@ from pathlib import Path
 import numpy as np
 
 from online.adapters.chooser import controller_for
-from online.validate.common import ValidateConfig, check_config, load_prompt_sets
+from online.adapters.specs import policy_label
+from online.validate.batch import step_table_rows
+from online.validate.common import check_config, load_prompt_sets, load_replay, LoadTraceConfig
 from online.validate.sim_vs_real import step_cost
 from online.validate.speedbench import Call, run_calls
 from pipeline import metrics as pipeline_metrics
 from pipeline.decode import step_shape
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.lossless import summarize_verdicts
 from pipeline.errors import DataError, DraftGymError
+from pipeline.logs.schema import write_batch_steps
+from pipeline.models.head import load_head_for
+from pipeline.models.target import encode_prompt, load_target, resolve_dtype_name
 from pipeline.runtime.atomic import atomic_write_json, atomic_write_text
+from pipeline.runtime.fingerprint import device_name, environment_fingerprint
 from simulator.latency.diagnostics import prefill_note
+from simulator.policy_specs import CHECKPOINT, load_policy, parse_spec
 from simulator.serving import metrics
 from simulator.serving.arrivals import read_trace
 from simulator.serving.choosers.base import RowChooser, ScheduleChooser, StaticChooser
+from simulator.serving.choosers.learned import LearnedChooser
 from simulator.serving.choosers.nightjar import Nightjar
 from simulator.serving.choosers.row_budget import AcceptanceModel, CalibratedBudget
 from simulator.serving.choosers.sglang_adaptive import SGLangAdaptive
 from simulator.serving.choosers.sglang_throughput import SGLangThroughput
 from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
-from simulator.serving.load import ServingResult, serve
+from simulator.serving.load import serve, ServingResult
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule
 
 FIGURES = ("tokens_per_s", "x_ar", "tpot_mean_s", "tpot_p90_s", "queue_mean_s", "tau", "drafts_per_step", "mean_batch")
 
 
-def learned_methods(cfg: ValidateConfig) -> list:
+def learned_methods(cfg: LoadTraceConfig) -> list:
     """A LearnedChooser per --policy (one-line errors: a built-in spec, a checkpoint that is not a
     load-aware serving policy, trained for fewer rows than --max-batch, confidences deeper than the
     engine measures)."""
-    from online.adapters.specs import policy_label
-    from simulator.policy_specs import CHECKPOINT, load_policy, parse_spec
-    from simulator.serving.choosers.learned import LearnedChooser
-
     out = []
     for spec in cfg.policies:
         if parse_spec(spec)[0] != CHECKPOINT:
@@ -104,7 +110,7 @@ def learned_methods(cfg: ValidateConfig) -> list:
     return out
 
 
-def load_methods(cfg: ValidateConfig) -> list:
+def load_methods(cfg: LoadTraceConfig) -> list:
     """The choosers, AR first, each --policy last (module docstring); one-line errors for bad spellings."""
     out = [StaticChooser(step_shape.OFF, "AR")]
     for spec in cfg.shapes:
@@ -129,11 +135,9 @@ def load_methods(cfg: ValidateConfig) -> list:
     return out
 
 
-def check_load_config(cfg: ValidateConfig) -> np.ndarray:
+def check_load_config(cfg: LoadTraceConfig) -> np.ndarray:
     """What `validate --load-trace` refuses up front, in one line; returns the arrival times."""
     check_config(cfg)
-    if cfg.batch_sizes:
-        raise DraftGymError("--load-trace and --batch-sizes are two runs: the trace's load sets the batch size")
     if cfg.profile_first or cfg.profile_interleave:
         raise DraftGymError("--load-trace runs static shapes, --schedule, the engines' rules and load-aware "
                             "--policy checkpoints; --profile-first runs at batch 1 only")
@@ -176,7 +180,7 @@ def device_figures(res, name: str) -> dict:
 
 # ---------------------------------------------------------------------------------- the replay
 
-def request_plan(cfg: ValidateConfig, recs, logs, n_requests: int):
+def request_plan(cfg: LoadTraceConfig, recs, logs, n_requests: int):
     """(prompt index, max_new_tokens, logged sequence or -1) per request (module docstring)."""
     seq_of = {}
     if logs is not None:
@@ -224,15 +228,7 @@ def _mean_std(xs):
     return statistics.mean(xs), (statistics.pstdev(xs) if len(xs) > 1 else 0.0)
 
 
-def run_validate_load(cfg: ValidateConfig, progress: bool = True) -> dict:
-    from online.validate.batch import step_table_rows
-    from online.validate.common import load_replay
-    from pipeline.logs.schema import write_batch_steps
-    from pipeline.decode.engine.core import BatchEngine
-    from pipeline.models.head import load_head_for
-    from pipeline.models.target import encode_prompt, load_target, resolve_dtype_name
-    from pipeline.runtime.fingerprint import device_name, environment_fingerprint
-
+def run_validate_load(cfg: LoadTraceConfig, progress: bool = True) -> dict:
     t_start = time.perf_counter()
     arrivals = check_load_config(cfg)
     methods = load_methods(cfg)
@@ -350,12 +346,10 @@ def lossless_cell(counts) -> str:
     return "-" if not counts else f"{counts['exact']} / {counts['near-tie']} / {counts['mismatch']}"
 
 
-def run_validate_load_command(cfg: ValidateConfig) -> int:
+def run_validate_load_command(cfg: LoadTraceConfig) -> int:
     """Exit status 1 when a row at T = 0 was not lossless against its batch-1 AR output."""
     rep = run_validate_load(cfg, progress=cfg.progress)
     if cfg.as_json:
-        import json
-
         print(json.dumps(rep))
     else:
         print(load_markdown(rep))

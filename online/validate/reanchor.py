@@ -29,7 +29,7 @@ of methods); `Reanchored.seq_ids` says which sequence is whose.
 Cost: per distinct text, one batch-1 AR pass for the lookahead (prefill + max_depth steps) and a share
 of one batched teacher-forced collection, against `runs` x methods decodings of the same length;
 collection runs > 3x faster than decoding, so this is cheap next to validate and is on by default
-(`ValidateConfig.reanchor`, `--no-reanchor` to skip it). Only at T = 0: at T > 0 the logs are the
+(`Batch1Config.reanchor`, `--no-reanchor` to skip it). Only at T = 0: at T > 0 the logs are the
 sampled continuation coupled to the replay (docs/design.md), and a decoded sample is not a text whose
 acceptance a teacher-forced pass could reproduce.
 """
@@ -45,10 +45,13 @@ import numpy as np
 
 from pipeline import metrics
 from pipeline.collect.actor import GROUP_PROMPTS, GROUP_TOKENS, write_prompt_log
-from pipeline.collect.prompt import CollectConfig, PromptLog, collect_prompts, generate_past_eos
+from pipeline.collect.prompt import collect_prompts, CollectConfig, generate_past_eos, PromptLog
 from pipeline.decode.engine.prefill import length_groups
 from pipeline.errors import DraftGymError
 from pipeline.logs.storage import resolve_out
+from pipeline.runtime.fingerprint import environment_fingerprint
+from simulator.logs.replay_logs import load_logs
+from simulator.replay import simulate
 
 
 @dataclass
@@ -65,8 +68,6 @@ class Reanchored:
         against the same measured tau and per-prompt decode tokens/s as the logs' row. Reusing the
         object is sound: simulate resets it, and no policy that runs online indexes the rows of the
         logs it was built with (the oracle does, and validate refuses it)."""
-        from simulator.replay import simulate
-
         ids = [self.seq_ids[name][i] for i in order if i in self.seq_ids[name]]
         ev = self.logs.subset(np.isin(self.logs.prompt_id, ids))     # texts of <= 1 token are not in the logs
         if ev.n_sequences == 0:
@@ -124,8 +125,6 @@ def reanchor_dataset(engine, head, runs: dict, recs, idx: list[int], cfg: Collec
     """Collect and load the own texts of every method of `runs` but AR for the prompts `idx` of `recs`
     (records with prompt_id and split). The texts are the last run's; `runs_disagree` counts, per
     method, the prompts whose text differed between runs (0 when decoding is deterministic)."""
-    from simulator.logs.replay_logs import load_logs
-
     t0 = time.perf_counter()
     methods = [n for n in runs if n != "ar"]
     seq_ids = {n: {} for n in methods}
@@ -159,7 +158,6 @@ def reanchor_for_validate(cfg, sim, engine, head, recs, runs: dict, dtype: str, 
     the two errors then differ by all that reusing the other dtype's logs costs, text included."""
     if not cfg.reanchor or cfg.temperature > 0 or sim is None or sim.note:
         return None
-    from pipeline.runtime.fingerprint import environment_fingerprint
 
     logged = set(sim.logs.prompt_id.tolist())
     idx = [i for i, r in enumerate(recs) if r.prompt_id in logged]   # sim-vs-real leaves the others out

@@ -10,6 +10,9 @@ import numpy as np
 
 from pipeline import metrics
 from pipeline.decode.step_shape import EAGLE3_DEFAULT_SHAPE
+from simulator import baselines
+from simulator.policy_specs import load_policy
+from simulator.replay import autoregressive, simulate
 
 
 def decode_tokens_per_s(res) -> float | None:
@@ -25,7 +28,7 @@ def decode_tokens_per_s(res) -> float | None:
 
 def sim_vs_real(cfg, sim, recs, runs, labels, reanchored=None) -> dict:
     """Simulator predictions for the same prompts and policies vs the measured cycles (`cfg`: the
-    ValidateConfig; `sim`: its SimSide, the acceptance logs and the latency clocks).
+    Batch1Config; `sim`: its SimSide, the acceptance logs and the latency clocks).
 
     reanchored: online.validate.reanchor's `Reanchored` (each method's own decoded texts, collected), a
     {"note"} when that failed, or None. With it every method also gets a "reanchored" entry: the same
@@ -49,10 +52,6 @@ def sim_vs_real(cfg, sim, recs, runs, labels, reanchored=None) -> dict:
       by_point     the raw tokens/s error of every method with the clock priced at each cell
                    statistic (simulator/latency/estimate.py: robust, mean, median), the measurement
                    behind the default"""
-    from simulator import baselines
-    from simulator.policy_specs import load_policy
-    from simulator.replay import autoregressive, simulate
-
     logs, lat, pooled = sim.logs, sim.lat, sim.clock
     local = sim.local.get(recs[0].dataset)
     clock = local[0] if local else pooled        # time-local when --profile-interleave sampled this dataset

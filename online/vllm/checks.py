@@ -9,6 +9,10 @@
 """
 from __future__ import annotations
 
+from pipeline.decode.continuations import generate_batch
+from pipeline.decode.lossless import classify, summarize_verdicts
+from pipeline.models.target import load_target
+
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
@@ -30,9 +34,6 @@ def lossless(runs: dict, ref: dict) -> dict:
 
 
 def draftgym_ar(cfg, prompts: list[list[int]], dtype: str) -> list[list[int]]:
-    from pipeline.decode.continuations import generate_batch
-    from pipeline.models.target import load_target
-
     t = load_target(cfg.model, device="cpu", dtype=dtype)
     conts = generate_batch(t.model, prompts, cfg.max_new_tokens, eos_token_ids=t.eos_token_ids, batch_size=len(prompts))
     return [list(c.output_ids) for c in conts]
@@ -41,9 +42,6 @@ def draftgym_ar(cfg, prompts: list[list[int]], dtype: str) -> list[list[int]]:
 def classify_divergences(model: str, dtype: str, results: dict, runs: list[dict]) -> None:
     """Adds `verdicts` ({exact, near-tie, mismatch}: counts) and `divergences` (each non-exact verdict) to every
     run's lossless entry that has a divergence; loads the target once, only if there is one."""
-    from pipeline.decode.lossless import classify, summarize_verdicts
-    from pipeline.models.target import load_target
-
     prompts = {r["name"]: r["prompts"] for r in runs}
     ref = results["none"]["runs"]
     todo = [(r, name, ll) for r in results.values() for name, ll in r.get("lossless_vs_none", {}).items()

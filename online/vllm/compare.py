@@ -13,12 +13,21 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.decode import step_shape
+from pipeline.errors import DataError
+from simulator.latency.model import LatencyModel
+from simulator.logs.replay_logs import load_logs
+from simulator.serving.choosers.base import ScheduleChooser, StaticChooser
+from simulator.serving.formats.sglang_import import latency_rows, read_bench, read_prefill
+from simulator.serving.formats.vllm_counters import chain_counters
+from simulator.serving.load import serve
+from simulator.serving.metrics import summarize
+from simulator.serving.replay import closed_batch, ShapeTable
+from simulator.serving.schedule import Schedule
+
 
 def prompt_logs(root: str, prompt_ids: list[str], dtype: str):
     """The logs under `root` of exactly these prompts, in this order (a one-line DataError naming a missing one)."""
-    from pipeline.errors import DataError
-    from simulator.logs.replay_logs import load_logs
-
     logs = load_logs(root, widths="all", dtype=dtype)
     where = {str(p): i for i, p in enumerate(logs.prompt_id.tolist())}
     missing = [p for p in prompt_ids if p not in where]
@@ -29,9 +38,6 @@ def prompt_logs(root: str, prompt_ids: list[str], dtype: str):
 
 def vllm_costs(curve_path: Path, model: str, dtype: str):
     """A LatencyModel of a vllm_steps.jsonl: vLLM's step per (B, k) and its prefills."""
-    from simulator.latency.model import LatencyModel
-    from simulator.serving.formats.sglang_import import latency_rows, read_bench, read_prefill
-
     rows, _ = latency_rows(read_bench(curve_path), model, dtype, "vllm-run", curve_path.name, 0, "vllm-steps",
                            read_prefill(curve_path))
     return LatencyModel.from_rows(rows, model=model, profile="vllm-run")
@@ -39,8 +45,6 @@ def vllm_costs(curve_path: Path, model: str, dtype: str):
 
 def compare_replay(logs, results: dict, configs: list) -> list:
     """Each static chain's replayed counters on the prompts' logs beside vLLM's at B = 1 (or its first run)."""
-    from simulator.serving.formats.vllm_counters import chain_counters
-
     rows = []
     for sc in configs:
         if sc.k == 0 or sc.ranges:
@@ -61,9 +65,6 @@ def compare_replay(logs, results: dict, configs: list) -> list:
 def predict_closed(logs, lat, results: dict, configs: list, batch_sizes) -> list:
     """The replay's closed-batch tokens/s with vLLM's own step costs (this run's cost curve) beside vLLM's decode
     tokens/s at the same B (its steps with B requests in flight and none joining: the replay charges no prefill)."""
-    from pipeline.decode import step_shape
-    from simulator.serving.replay import ShapeTable, closed_batch
-
     static = [sc for sc in configs if not sc.ranges]
     table = ShapeTable(logs, [step_shape.chain(sc.k) for sc in static])
     rows = []
@@ -82,13 +83,6 @@ def predict_load(logs, lat, results: dict, configs: list, loads: dict, max_batch
     """Each load run (--rates, --trace) replayed with the same arrivals, the same requests in the same order, the same
     max batch and vLLM's own step costs (and its prefills, where the cost curve has them), beside vLLM's
     throughput over the same span (first arrival to last finish) and its TPOT."""
-    from pipeline.decode import step_shape
-    from simulator.serving.choosers.base import ScheduleChooser, StaticChooser
-    from simulator.serving.load import serve
-    from simulator.serving.metrics import summarize
-    from simulator.serving.replay import ShapeTable
-    from simulator.serving.schedule import Schedule
-
     choosers = {sc.name: ScheduleChooser(Schedule.from_vllm(sc.ranges), sc.name) if sc.ranges
                 else StaticChooser(step_shape.chain(sc.k), sc.name) for sc in configs}
     shapes = sorted({s for c in choosers.values() for s in c.shapes()})

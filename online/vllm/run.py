@@ -33,10 +33,16 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import DataError, DraftGymError
 from online.vllm import env as vllm_env
 from online.vllm.checks import classify_divergences, draftgym_ar, lossless, same_outputs
 from online.vllm.compare import compare_replay, predict_closed, predict_load, prompt_logs, vllm_costs
+from pipeline.datasets import load_prompts, resolve_split
+from pipeline.errors import DataError, DraftGymError
+from pipeline.models.target import encode_prompt, resolve_dtype_name
+from pipeline.runtime.fingerprint import environment_fingerprint
+from simulator.serving.formats.export import check_vllm, to_vllm
+from simulator.serving.formats.vllm_counters import spec_figures
+from simulator.serving.schedule import Schedule
 
 WARMUP_PROMPTS = 2
 
@@ -102,8 +108,6 @@ def load_vllm_schedule(path: str, head_dir: str, max_batch: int) -> dict:
         obj = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise DataError(f"{path} is not JSON: {e.msg} (line {e.lineno})") from None
-    from simulator.serving.formats.export import check_vllm, to_vllm
-    from simulator.serving.schedule import Schedule
 
     if isinstance(obj, dict) and obj.get("method") == "eagle3":
         sc = dict(obj)
@@ -196,8 +200,6 @@ def run_engine(py: Path, job: dict, out_dir: Path, name: str, timeout_s: int) ->
 
 def summarise(events: list[dict]) -> dict:
     """Result events -> {run: figures, outputs}."""
-    from simulator.serving.formats.vllm_counters import spec_figures
-
     out = {}
     reqs = [e for e in events if e["event"] == "request"]
     for e in (e for e in events if e["event"] == "run"):
@@ -254,10 +256,6 @@ def cost_curve_rows(results: dict, configs: list[SpecConfig], runs: list[dict]) 
 def run_vllm_run_command(cfg: VllmRunConfig) -> int:
     from transformers import AutoTokenizer
     from tqdm import tqdm
-
-    from pipeline.datasets import load_prompts, resolve_split
-    from pipeline.models.target import encode_prompt, resolve_dtype_name
-    from pipeline.runtime.fingerprint import environment_fingerprint
 
     if not cfg.batch_sizes and not cfg.rates and not cfg.trace:
         raise DataError("nothing to run: give --batch-sizes, --rates or --trace")

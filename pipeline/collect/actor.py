@@ -12,6 +12,7 @@ deletes it). The environment fingerprint is this actor's, taken on the machine i
 """
 from __future__ import annotations
 
+import gc
 import json
 import time
 
@@ -183,8 +184,6 @@ class CollectorActor:
 
     @staticmethod
     def _free_memory() -> None:
-        import gc
-
         import torch
 
         gc.collect()

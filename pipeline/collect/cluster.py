@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import socket
@@ -56,8 +57,6 @@ def runtime_env() -> dict:
             excludes += [f"/data/{p.name}" for p in (root / "data").iterdir() if p.name != "heads"]
         env.update(working_dir=str(root), excludes=excludes + ["__pycache__", "*.pyc"])
     else:
-        import importlib
-
         env["py_modules"] = [str(Path(importlib.import_module(p).__file__).parent) for p in PACKAGES]
     return env
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.decode.step_shape import DEFAULT_DEPTH, DEFAULT_VERIFY_SIZE, DEFAULT_WIDTH, StepShape
+from pipeline.decode.step_shape import (batch_ranges, DEFAULT_DEPTH, DEFAULT_VERIFY_SIZE, DEFAULT_WIDTH, shape_for_batch,
+                                        StepShape)
 from pipeline.decode.tree import DraftPool, DraftStep
 from pipeline.errors import DraftGymError
 
@@ -166,25 +167,17 @@ class StaticController(Controller):
 
 class ScheduleController(Controller):
     """A shape per batch-size range, as vLLM's per-batch-size speculative token counts and SGLang's
-    adaptive tiers: ranges [(lo, hi, shape), ...], inclusive, hi None = no upper bound. The ranges
-    must cover 1, 2, ... without gaps or overlaps and end open (so every B has a shape)."""
+    adaptive tiers: ranges [(lo, hi, shape), ...], inclusive, hi None = no upper bound, checked by the
+    schedule's one rule (pipeline/decode/step_shape.py `batch_ranges`: from B = 1 without gaps or
+    overlaps; beyond a closed last range, its shape), the replay's `Schedule` ranges as they are."""
 
     def __init__(self, ranges):
-        rs = sorted(((int(lo), None if hi is None else int(hi), StepShape.of(s)) for lo, hi, s in ranges),
-                    key=lambda r: r[0])
-        nxt = 1
-        for lo, hi, _ in rs:
-            if nxt is None or lo != nxt or (hi is not None and hi < lo):
-                raise DraftGymError(f"batch-size schedule {[(lo, hi) for lo, hi, _ in rs]}: ranges must cover "
-                                    f"1, 2, ... without gaps or overlaps")
-            nxt = None if hi is None else hi + 1
-        if nxt is not None:
-            raise DraftGymError(f"batch-size schedule ends at B = {nxt - 1}: the last range needs no upper bound")
+        rs = batch_ranges(ranges)
         super().__init__(rs[0][2])
         self.ranges = rs
 
     def shape_for(self, batch_size: int) -> StepShape:
-        return next(s for lo, hi, s in self.ranges if lo <= batch_size and (hi is None or batch_size <= hi))
+        return shape_for_batch(self.ranges, batch_size)
 
     def plan(self, ctx: StepContext) -> StepShape:
         return self.shape_for(ctx.batch_size)

@@ -15,7 +15,7 @@ Output: one JSON object per prompt on stdout, in prompt order,
 (cycles: the steps the prompt took part in; tau = its emitted tokens / cycles), and one summary
 object on stderr: prompts, new tokens, tokens/s = all new tokens / wall time of the whole call
 (prefills included), B, the shape, steps, device and dtype. Prompt i samples (T > 0) with seed + i,
-so its output equals `draftgym generate --prompt <it> --seed <seed + i>` (tests/pipeline/decode/test_batch_cli.py).
+so its output equals `draftgym generate --prompt <it> --seed <seed + i>` (tests/pipeline/decode/test_generate_cli.py).
 """
 from __future__ import annotations
 

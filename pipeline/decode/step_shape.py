@@ -146,3 +146,28 @@ def parse(spec: str) -> StepShape:
         return canonical(parts)
     except (ValueError, DraftGymError) as e:
         raise DraftGymError(f"bad shape {spec!r} ({e}): use off, chain:K or tree:D,W,V") from None
+
+
+# -- a batch-size schedule's ranges: the one rule of the engine's ScheduleController and the replay's Schedule
+
+def batch_ranges(ranges) -> list[tuple[int, int | None, StepShape]]:
+    """[(lo, hi, shape)] checked by one rule: inclusive ranges that, sorted by lo, cover B = 1, 2, ...
+    without gaps or overlaps; only the last may be open (hi None). Beyond a closed last range its shape
+    holds (`shape_for_batch`), as vLLM's per-batch-size list and SGLang's tiers do. A one-line error
+    names the ranges otherwise."""
+    rs = sorted(((int(lo), None if hi is None else int(hi), StepShape.of(s)) for lo, hi, s in ranges),
+                key=lambda r: r[0])
+    if not rs:
+        raise DraftGymError("a batch-size schedule needs at least one range")
+    nxt = 1
+    for lo, hi, _ in rs:
+        if nxt is None or lo != nxt or (hi is not None and hi < lo):
+            raise DraftGymError(f"batch-size schedule {[(lo, hi) for lo, hi, _ in rs]}: ranges must cover "
+                                f"1, 2, ... without gaps or overlaps")
+        nxt = None if hi is None else hi + 1
+    return rs
+
+
+def shape_for_batch(ranges, batch: int) -> StepShape:
+    """The shape of batch size `batch` under checked `ranges` (batch_ranges): its range's, else the last's."""
+    return next((s for lo, hi, s in ranges if lo <= batch and (hi is None or batch <= hi)), ranges[-1][2])

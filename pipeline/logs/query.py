@@ -33,10 +33,12 @@ import csv
 import json
 import math
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -262,7 +264,6 @@ def acceptance_array(df, max_depth: int | None = None, n_grid: int | None = None
     numpy uint8 array [rows, max_depth, n_grid], L[row, D-1, i] with V = verify_grid[i].
     max_depth/n_grid default to the frame's `max_depth`/`verify_grid` columns (after a join with
     sequences), else max_depth = 12 and n_grid = row length / max_depth. All rows must agree."""
-    import numpy as np
     import polars as pl
 
     if isinstance(df, pl.LazyFrame):
@@ -375,6 +376,4 @@ def run_query_command(cfg: QueryConfig) -> int:
 
 
 def _term_width() -> int:
-    import shutil
-
     return max(80, shutil.get_terminal_size((160, 24)).columns)

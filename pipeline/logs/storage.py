@@ -18,7 +18,9 @@ downloads at run time from its own server; pyarrow's filesystems need nothing be
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -63,9 +65,6 @@ def is_remote(path: str | Path) -> bool:
 
 def mirror_dir(uri: str) -> Path:
     """Where the mirror of a logs URI lives: $DRAFTGYM_CACHE/logs-mirror/<bucket and prefix>-<hash>."""
-    import hashlib
-    import re
-
     from pipeline.runtime.cache import cache_dir
 
     bare = uri.split("?", 1)[0]

@@ -10,9 +10,9 @@ batched step (the rows' padding mask), first expands K and V to Hq heads:
     repeat_kv: [B, Hkv, c, d] -> [B, Hq, c, d]          a copy of g x the whole KV cache, per layer
 
 On a CPU that copy is the verify's cost at long contexts (SmolLM2-135M, g = 3, 30 layers, 16 rows
-at c = 2048, fp32: a 2-token verify 2771 ms against 475 ms for 1 token), so speculation would look dearest exactly where the contexts are long. `draftgym_sdpa` is
-transformers' `sdpa` but for that case, where it calls SDPA with `enable_gqa=True` on the grouped
-K/V as they are:
+at c = 2048, fp32: a 2-token verify 2771 ms against 475 ms for 1 token), so speculation would look
+dearest exactly where the contexts are long. `draftgym_sdpa` is transformers' `sdpa` but for that
+case, where it calls SDPA with `enable_gqa=True` on the grouped K/V as they are:
 
     out[b, h] = softmax(q[b, h] k[b, h // g]^T * scale + mask[b]) v[b, h // g]        [B, Hq, q, d]
 

@@ -34,8 +34,8 @@ from pipeline.errors import DraftGymError, HeadMismatchError, first_line
 from pipeline.runtime.atomic import atomic_write, atomic_write_text
 from pipeline.runtime.fingerprint import dtype_name
 from pipeline.models.head_model import (  # noqa: F401  (re-exported: callers import these from pipeline.models.head)
-    HEAD_FORMAT, HEAD_FORMAT_KEY, ACCEPTED_ARCHITECTURES, ROPE_TYPES, WRITTEN_ARCHITECTURE, Eagle3Attention, Eagle3Config, Eagle3Head, Eagle3Layer,
-    RMSNorm, Rope, apply_rope, causal_mask, rope_cos_sin, target_layer_ids)
+    HEAD_FORMAT, HEAD_FORMAT_KEY, ACCEPTED_ARCHITECTURES, ROPE_TYPES, WRITTEN_ARCHITECTURE, Eagle3Attention, Eagle3Config,
+    Eagle3Head, Eagle3Layer, RMSNorm, Rope, apply_rope, causal_mask, rope_cos_sin, target_layer_ids)
 
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[2] / "data" / "heads" / "smollm2-135m"
 

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +100,6 @@ def warn_emulated_dtype(dtype: str) -> None:
     if dtype in _WARNED_EMULATED:
         return
     _WARNED_EMULATED.add(dtype)
-    import warnings
 
     warnings.warn(f"--dtype {dtype} on a CPU without bf16 matrix units (no AMX-BF16 / AVX512-BF16 in /proc/cpuinfo): "
                   f"it is emulated and several times slower than float32 here", RuntimeWarning, stacklevel=3)

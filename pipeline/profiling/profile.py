@@ -330,8 +330,10 @@ class ProfileConfig:
     verify_sizes: tuple = DEFAULT_VERIFY_SIZES    # V values to time verification at
     contexts: tuple = DEFAULT_CONTEXTS            # context lengths
     repeats: int = 5                              # timed rounds per (B, context) generation (and timed calls, isolated)
-    rounds: int = 1                               # passes through the whole (B, context) grid, `repeats` each: > 1 spreads each cell over the profile's time
-    top_ups: int = 1                              # times a (B, context) whose cells know their median to worse than 3 % runs once more (0: never)
+    rounds: int = 1                               # passes through the whole (B, context) grid, `repeats` each: > 1 spreads
+                                                  # each cell over the profile's time
+    top_ups: int = 1                              # times a (B, context) whose cells know their median to worse than 3 %
+                                                  # runs once more (0: never)
     isolated: bool = False                        # also time the bare ops in a tight loop (verify_isolated / draft_isolated)
     batch_sizes: tuple = DEFAULT_BATCH_SIZES      # batch sizes B of the draft_step / verify / policy rows (1 always)
     prefill_lengths: tuple = DEFAULT_PREFILL_LENGTHS  # prompt lengths n of the prefill rows (() = none)

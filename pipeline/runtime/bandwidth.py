@@ -7,7 +7,7 @@ cannot take less than
 
 (Llama-3.1-8B in bf16 on an H100 SXM: 16.06 GB / 3.35 TB/s = 4.8 ms). Serving engines with CUDA
 graphs come within about 1.3x of it (SGLang: 6.3 ms on that pair). Every GPU figure of the engine is
-reported beside this bound (online/gpu_check/latency.py), so a step that is launch-bound or sync-bound
+reported beside this bound (tools/gpu_check/latency.py), so a step that is launch-bound or sync-bound
 shows as a multiple of it, whatever the GPU.
 
 Bandwidths are the vendors' datasheet figures (TB/s = 1e12 bytes/s), matched on the name torch

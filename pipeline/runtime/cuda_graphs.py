@@ -13,7 +13,7 @@ A graph replays fixed device addresses and shapes, so a part is graphed only whe
       replay (`run(key, fn, *inputs)`), and every other tensor it touches (caches, stores, weights)
       is named by the key (the caller puts their data_ptrs in it): a graph never writes to memory
       that is not where it was when it was captured,
-    * it reads nothing back to the host (tests/pipeline/runtime/test_host_reads.py, tests/pipeline/decode/test_compile_step.py).
+    * it reads nothing back to the host (tests/pipeline/runtime/test_host_reads.py, tests/pipeline/decode/engine/test_compile_step.py).
 
 First call of a key: `fn` runs eagerly (the real work of that call, and the warm-up capture needs),
 then it is captured; later calls replay it and return its output tensors, which the next replay of

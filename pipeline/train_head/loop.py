@@ -21,6 +21,7 @@ import json
 import math
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +118,6 @@ class _Stop:
         self._old = {}
 
     def __enter__(self):
-        import threading
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._old[sig] = signal.signal(sig, self._handle)

@@ -31,6 +31,7 @@ build tiny hand-made logs.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -301,8 +302,6 @@ def _shard_job(args) -> int:
 
 
 def _run_shards(root, cfg: SyntheticConfig, jobs: list, workers: int, progress: bool) -> int:
-    from concurrent.futures import ProcessPoolExecutor
-
     from tqdm import tqdm
 
     args = [(root, cfg, di, S, lo) for di, S, lo in jobs]

@@ -24,6 +24,7 @@ A checkpoint is a directory with manifest.json + one torch state_dict file per c
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -102,8 +103,6 @@ def latency_key(path: str | Path, man: dict | None = None) -> str:
     """'<name>-<10 hex>': the checkpoint's identity in a latency profile (`draftgym profile-policy`
     writes op = 'policy:<key>' rows; the replay charges that measured cost per call). The hash covers
     manifest.json and every weight file, so a retrained policy never inherits an old figure."""
-    import hashlib
-
     path = Path(path)
     if path.name == "manifest.json":
         path = path.parent

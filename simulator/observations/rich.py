@@ -22,7 +22,7 @@ What is appended (after the paper vector, in this order):
 The same `AcceptanceHistory` object type runs in the replay env (updated when a cycle finishes),
 in the policies' hooks during replay and online (updated in plan() from the previous cycle's
 record), so a policy sees the same numbers in training, in replay and in the engine
-(tests/simulator/test_obs_rich.py checks env == replay hooks == online controller).
+(tests/simulator/observations/test_obs_rich.py checks env == replay hooks == online controller).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A `Policy` has the engine's four hooks, batched over many independent generations ("envs"):
 
     reset(n_envs, seed)                 start of every generation batch
-    plan(PlanBatch) -> Shape            cycle start: D_max, W, V and the policy calls it made
+    plan(PlanBatch) -> StepShape        cycle start: D_max, W, V and the policy calls it made
     continue_drafting(StepBatch) -> bool[n]   after draft forward `depth` (< D_max); False = STOP
     verify_size(PoolBatch, V) -> V[n]   once before verification (size policies)
     observe(env, record)                after the cycle (numpy arrays keyed like CycleRecord)

@@ -2,7 +2,7 @@
 and the data each one plots:
 
     (a) tokens/s against the batch size B, one line per shape
-        bench_curves(report)            measured: the JSON of `python -m online.bench.batch --out FILE`
+        bench_curves(report)            measured: the JSON of `python -m tools.bench.batch --out FILE`
         replay_curves(logs, lat, ...)   predicted: the closed-batch replay (replay.closed_batch) of the
                                         same shapes at the same B, as `draftgym tune` measures them
         plot_batch_curves(...)          measured solid, replayed dashed, one colour per shape
@@ -35,7 +35,7 @@ from pipeline.errors import DataError
 from simulator.serving.inputs import lookup_verify, replayable
 from simulator.serving.replay import ShapeTable, closed_batch
 
-AR_NAME = "ar"        # online.bench.batch's name of the AR method
+AR_NAME = "ar"        # tools.bench.batch's name of the AR method
 
 
 # ------------------------------------------------------------------ (a) tokens/s against B
@@ -48,7 +48,7 @@ def bench_curves(report: dict, key: str = "tokens_per_s") -> list[dict]:
     cfg = report.get("config") or {}
     if "batch_sizes" not in cfg or not report.get("runs"):
         raise DataError("not a batch-benchmark report (expected config.batch_sizes and runs: "
-                        "python -m online.bench.batch --out FILE)")
+                        "python -m tools.bench.batch --out FILE)")
     bs = [int(b) for b in cfg["batch_sizes"]]
     methods = cfg.get("methods") or {}
     out = []

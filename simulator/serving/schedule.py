@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.decode.step_shape import OFF, StepShape, canonical, chain, label, parse
-from pipeline.errors import DataError
+from pipeline.decode.step_shape import (OFF, StepShape, batch_ranges, canonical, chain, label, parse,
+                                        shape_for_batch)
+from pipeline.errors import DataError, DraftGymError
 
 FORMAT = "draftgym.schedule"
 
@@ -43,22 +44,18 @@ class Schedule:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.ranges = [(int(lo), int(hi), canonical(s)) for lo, hi, s in self.ranges]
-        if not self.ranges:
-            raise DataError("a schedule needs at least one batch-size range")
-        expect = 1
-        for lo, hi, _ in self.ranges:
-            if lo != expect or hi < lo:
-                raise DataError(f"schedule ranges must be contiguous and inclusive from batch 1; got "
-                                f"{[(a, b) for a, b, _ in self.ranges]}")
-            expect = hi + 1
+        """The engine's rule (step_shape.batch_ranges), every range closed: the file says up to which B it was tuned."""
+        try:
+            rs = batch_ranges(self.ranges)
+        except DraftGymError as e:
+            raise DataError(str(e)) from None
+        if rs[-1][1] is None:
+            raise DataError("schedule: the last range is open; a schedule's ranges end at the largest batch tuned")
+        self.ranges = [(lo, hi, canonical(s)) for lo, hi, s in rs]
 
     # ---- reading
     def shape_for(self, batch: int) -> StepShape:
-        for lo, hi, s in self.ranges:
-            if lo <= batch <= hi:
-                return s
-        return self.ranges[-1][2]
+        return shape_for_batch(self.ranges, batch)
 
     @property
     def max_batch(self) -> int:

@@ -64,6 +64,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -148,15 +149,14 @@ def tune(logs, latency, batch_sizes, shapes, requests_per_slot: int = 4, max_bat
             "device": latency.meta.get("device"), "sequences": n_seq, "chunks": len(parts), "refined": refined}
     sched = Schedule.from_choices(bs_all, best, max_batch=max_batch, tuning=tuning, meta=meta)
     return {"schedule": sched, "batch_sizes": bs_all, "refined": refined, "shapes": shapes, "tokens_per_s": tps,
-            "tau": metrics.tau(tot["tokens"], tot["row_steps"]), "drafts_per_step": metrics.drafts_per_step(tot["drafted"], tot["row_steps"]),
+            "tau": metrics.tau(tot["tokens"], tot["row_steps"]),
+            "drafts_per_step": metrics.drafts_per_step(tot["drafted"], tot["row_steps"]),
             "sequences": n_seq}
 
 
 def tune_chunks_on_ray(cfg, latency, batch_sizes, shapes) -> list[dict]:
     """`tune_part` of every chunk of cfg's split (at most cfg.max_positions_in_memory positions each),
     one Ray task per chunk (simulator.logs.ray_chunks)."""
-    from functools import partial
-
     from simulator.logs.ray_chunks import map_chunks
 
     fn = partial(tune_part, latency=latency, batch_sizes=sorted({int(b) for b in batch_sizes}), shapes=list(shapes),
@@ -172,7 +172,8 @@ def summary_rows(res: dict) -> list[dict]:
         row = res["tokens_per_s"][i]
         o = np.argsort(-row)
         second = row[o[1]] if len(o) > 1 else np.nan
-        out.append({"batch": B, "refined": B in res.get("refined", ()), "best": step_shape.label(res["shapes"][o[0]]), "tokens_per_s": float(row[o[0]]),
+        out.append({"batch": B, "refined": B in res.get("refined", ()), "best": step_shape.label(res["shapes"][o[0]]),
+                    "tokens_per_s": float(row[o[0]]),
                     "tau": float(res["tau"][i, o[0]]), "x_ar": float(row[o[0]] / row[off]),
                     "second": step_shape.label(res["shapes"][o[1]]) if len(o) > 1 else None,
                     "x_second": float(row[o[0]] / second) if len(o) > 1 else None})

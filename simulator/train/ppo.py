@@ -19,6 +19,7 @@ Speed: with LTD's nets (actor [1024], critic [1024, 256]) an update is 160 minib
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -251,8 +252,6 @@ def update(opt, params, batch: int, cfg, rng, minibatch_loss, foreach=None) -> l
 
 def _autocast(amp: str):
     """(context factory, "bf16" | "off"): bf16 autocast on the CPU (PPOConfig.amp), or a no-op."""
-    import contextlib
-
     import torch
 
     if amp not in ("auto", "bf16", "off"):

@@ -1,6 +1,6 @@
 """The engine's device-dependent parts, run on the device named by $DRAFTGYM_TEST_DEVICE (marker `gpu`).
 
-CI runs them on the CPU (the variable unset); `python -m online.gpu_check` runs them on CUDA
+CI runs them on the CPU (the variable unset); `python -m tools.gpu_check` runs them on CUDA
 (`DRAFTGYM_TEST_DEVICE=cuda pytest -m gpu`), where kernels, asynchronous launches and bf16 matmuls
 differ from the CPU's. Each test is what the GPU could break:
 
@@ -33,7 +33,7 @@ from pipeline.runtime.clock import DeviceClock
 from tests.conftest import make_tiny_llama
 
 pytestmark = pytest.mark.gpu
-TEST_DEVICE_ENV = "DRAFTGYM_TEST_DEVICE"          # online.gpu_check.pytest_step sets it
+TEST_DEVICE_ENV = "DRAFTGYM_TEST_DEVICE"          # tools.gpu_check.pytest_step sets it
 SHAPES = [(8, 10, 60), (5, 1, 6), (1, 1, 1)]    # (D, W, V): EAGLE-3's default tree, a chain, AR-like
 
 
@@ -137,7 +137,7 @@ def test_draft_level_cost_does_not_grow_with_depth(device):
     span and made an H100's depth-8 draft 21x its chosen-kernel cost; per level, a depth-5 draft must
     cost at most 3x a depth-2 draft. Timed on CUDA only (the suite times nothing on a CPU)."""
     if device.type != "cuda":
-        pytest.skip("a timing check for CUDA devices (online.gpu_check.run runs it)")
+        pytest.skip("a timing check for CUDA devices (tools.gpu_check.run runs it)")
     model = tiny(device, torch.bfloat16, vocab=256)
     eng = Engine(model, random_head(model, seed=2))
     prompt = prompts(1, 256, seed=5)[0] * 20                     # up to 260 tokens of context

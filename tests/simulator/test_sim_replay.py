@@ -136,8 +136,10 @@ def _policies(logs, lat):
     torch.manual_seed(0)
     radar = build_net({"type": "radar_lstm", "in": 10, "hidden": 16, "mlp_hidden": 16, "out": 2}).eval()
     shapes = resps_shapes(logs)
-    return [baselines.StaticPolicy(8, 10, 60), baselines.StaticPolicy(3, 8, 10), baselines.StaticPolicy(12, 10, 240), baselines.StaticPolicy(1, 10, 2),
-            baselines.DDDPolicy(), baselines.DDDPolicy(threshold=-3.0), baselines.EntropyStopPolicy(), baselines.GoodputPolicy.fit(logs, lat),
+    return [baselines.StaticPolicy(8, 10, 60), baselines.StaticPolicy(3, 8, 10), baselines.StaticPolicy(12, 10, 240),
+            baselines.StaticPolicy(1, 10, 2),
+            baselines.DDDPolicy(), baselines.DDDPolicy(threshold=-3.0), baselines.EntropyStopPolicy(),
+            baselines.GoodputPolicy.fit(logs, lat),
             baselines.RandomShapePolicy(logs, seed=1), baselines.OraclePolicy(logs, lat, "depth"),
             LTDPolicy(_random_mlp(ltd_depth_obs_dim(10), 2), _random_mlp(ltd_size_obs_dim(10), 12, seed=1)),
             LTDPolicy(None, _random_mlp(ltd_size_obs_dim(10), 12, seed=2), sample=True),

@@ -34,7 +34,7 @@ tree. AR at batch B (`generate_ar`) is the same step with every step off and no 
 speedups at each B compare like with like.
 
 Exactness: a row's greedy output is its own target-greedy sequence whatever its batch-mates do; in
-fp32 it equals its batch-1 AR output token for token (tests/pipeline/decode/test_batch_engine.py), in reduced
+fp32 it equals its batch-1 AR output token for token (tests/pipeline/decode/engine/test_batch_engine.py), in reduced
 precision rows may part at near-ties (pipeline/decode/lossless.py). Row r samples with its own
 Generator(seeds[r]), consumed exactly as the batch-1 loop consumed it (tests/pipeline/decode/reference_engine.py),
 so at T > 0 a row's output equals its batch-1 run's with the same seed and shapes.

@@ -29,7 +29,8 @@ class Call:
     eos: frozenset = frozenset()    # the tokens that end a row (empty: every row runs to its max_new)
     on_result: Callable | None = None   # on_result(i, RowResult) as prompt i ends
     stop_refill: Callable | None = None  # stop_refill() -> True: take no more prompts (the rest stay unstarted)
-    marks: list = field(default_factory=list)   # (StepRecord, its phase marks, level-hook s, its rows' CycleRecords): times at the call's end
+    marks: list = field(default_factory=list)   # (StepRecord, its phase marks, level-hook s, its rows' CycleRecords):
+                                                # times at the call's end
 
     def ready(self, now: float) -> bool:
         """May the next queued prompt start now? (arrived, and refills not stopped; a stop empties the

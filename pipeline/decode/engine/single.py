@@ -71,35 +71,50 @@ class Engine:
     within 2 % of it (about 0.4 ms a step of bookkeeping the loop does not have)."""
 
     def __init__(self, model, head: Eagle3Head | None, eos_token_ids: set[int] | None = None):
-        self.batched = BatchEngine(model, head, eos_token_ids)
-        self.model, self.head = model, head
-        self.device, self.dtype = self.batched.device, self.batched.dtype
-        self.window = self.batched.window                        # sliding window (tokens), None = full attention
-        self.max_positions = arch.max_positions(model.config)
+        self._attach(BatchEngine(model, head, eos_token_ids))
+
+    @classmethod
+    def on(cls, core: BatchEngine) -> "Engine":
+        """The batch-1 calls on an engine a caller also runs at B (its static stores and graphs shared):
+        `validate` decodes its methods batched and collects its re-anchored texts one prompt at a time."""
+        self = cls.__new__(cls)
+        self._attach(core)
+        return self
+
+    def _attach(self, core: BatchEngine) -> None:
+        self._core, self.model, self.head = core, core.model, core.head
+        self.device, self.dtype = core.device, core.dtype
+        self.window = core.window                                # sliding window (tokens), None = full attention
+        self.max_positions = arch.max_positions(core.model.config)
 
     @property
     def eos(self) -> set[int]:
         """The token ids that end a generation (the engine's; setting it sets the engine's)."""
-        return self.batched.eos
+        return self._core.eos
 
     @eos.setter
     def eos(self, ids) -> None:
-        self.batched.eos = set(ids)
+        self._core.eos = set(ids)
 
     @property
     def clock(self):
-        """The engine's clock (every read waits for the device first: pipeline/runtime/clock.py)."""
-        return self.batched.clock
+        """The engine's clock (every read waits for the device first: pipeline/runtime/clock.py);
+        setting it sets the engine's (the tests' fake devices)."""
+        return self._core.clock
+
+    @clock.setter
+    def clock(self, clock) -> None:
+        self._core.clock = clock
 
     def generate_ar(self, prompt_ids: list[int], max_new_tokens: int = 128, temperature: float = 0.0,
                     seed: int = 0) -> GenerationResult:
         """Autoregressive decoding: every step off (one target forward per token, no head work), on
         the same engine, so speedups compare like with like."""
-        return GenerationResult.of_row(self.batched.generate_ar([list(prompt_ids)], max_new_tokens, temperature, seed, 1))
+        return GenerationResult.of_row(self._core.generate_ar([list(prompt_ids)], max_new_tokens, temperature, seed, 1))
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0,
                  controller: Controller | None = None) -> GenerationResult:
         """EAGLE-3 under a controller (default: the static EAGLE-3 tree every cycle)."""
-        return GenerationResult.of_row(self.batched.generate([list(prompt_ids)], max_new_tokens, temperature, seed,
+        return GenerationResult.of_row(self._core.generate([list(prompt_ids)], max_new_tokens, temperature, seed,
                                                              1, controller or StaticController()))
 

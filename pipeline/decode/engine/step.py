@@ -5,7 +5,7 @@ Each function below computes on device tensors only: its shapes follow from its 
 the host, and it writes only into the stores of `state` (pipeline/decode/engine/kv.py) at indices
 that its tensor inputs give. So one call can be recorded as a CUDA graph and replayed on later
 steps of the same shape with new inputs copied in (pipeline/runtime/cuda_graphs.py); on a CPU the
-engine calls them directly. tests/pipeline/decode/test_compile_step.py traces each whole (`fullgraph=True`) and
+engine calls them directly. tests/pipeline/decode/engine/test_compile_step.py traces each whole (`fullgraph=True`) and
 tests/pipeline/runtime/test_cuda_graphs.py replays them from frozen traces.
 
     pending       the head over each row's pending entries          n, dl [A] -> [A, H], [A, draft_vocab]

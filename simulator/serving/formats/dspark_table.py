@@ -25,9 +25,10 @@ DSpark-like step with gamma drafts per request (all drafted, N of them verified)
 is fitted to t over the profile's batch levels B and every N = 0 .. B gamma: b = t_overhead(c, 1),
 alpha(B) = gamma t_draft(1, c, B) + t_overhead(c, B) - b at each profiled B, and theta at m-probes
 (SGLang's own batch-token sweep up to max B (gamma + 1)) by least squares on the linear-interpolation
-basis, weighted to minimise the relative error of the step time. The largest and mean relative error of the fitted table against t over the grid are reported:
-the additive form cannot say that verifying m tokens costs more over more rows, and the error is
-how much that matters on this profile.
+basis, weighted to minimise the relative error of the step time. The largest and mean relative
+error of the fitted table against t over the grid are reported: the additive form cannot say that
+verifying m tokens costs more over more rows, and the error is how much that matters on this
+profile.
 """
 from __future__ import annotations
 

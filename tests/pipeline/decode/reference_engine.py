@@ -11,7 +11,7 @@ the cycle of docs/design.md read top to bottom, untimed:
     accept: greedy or EAGLE's q = 1 rule                          -> path (L nodes), bonus
     commit: compact the accepted path's KV, fuse its features (the next pending entries)
 
-tests/pipeline/decode/test_one_engine.py checks that `Engine` gives what this gives, cycle for cycle (fp32: tokens,
+tests/pipeline/decode/engine/test_one_engine.py checks that `Engine` gives what this gives, cycle for cycle (fp32: tokens,
 D, W, V, L, emitted, context; T > 0 with seeds), so the switch changed no output.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pipeline.decode.controller import StaticController
 from pipeline.decode.engine.single import Engine
 from pipeline.errors import DraftGymError
 from pipeline.models.head import random_head
-from pipeline.models.target import encode_prompt, load_target
+from pipeline.models.target import encode_prompt
 from pipeline.runtime.cache import cache_dir
 
 pytestmark = pytest.mark.slow

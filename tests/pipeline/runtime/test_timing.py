@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.decode.controller import Controller, StaticController
+from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.engine.single import Engine
 from pipeline.models.head import random_head
 from pipeline.models.target import base_model
@@ -49,7 +50,7 @@ def async_engine(model, head, dev: FakeAsyncDevice) -> Engine:
         return body_fwd(*a, **kw)
 
     head.forward, body.forward = head_forward, body_forward
-    eng.batched.clock = DeviceClock("cpu", sync_fn=dev.sync, read_fn=dev.read)   # the one engine's clock
+    eng.clock = DeviceClock("cpu", sync_fn=dev.sync, read_fn=dev.read)   # the one engine's clock
     return eng
 
 
@@ -131,7 +132,7 @@ def test_marks_time_the_phases_without_a_sync_per_phase(fresh_tiny):
     for n in (6, 16):
         dev = FakeAsyncDevice()
         eng = async_engine(model, head, dev)
-        eng.batched.clock = DeviceClock("cpu", sync_fn=dev.sync, read_fn=dev.read, mark_fn=lambda: dev.now + dev.queued)
+        eng.clock = DeviceClock("cpu", sync_fn=dev.sync, read_fn=dev.read, mark_fn=lambda: dev.now + dev.queued)
         res = eng.generate([1, 2, 3, 4, 5], max_new_tokens=n, controller=StaticController(4, 3, 10))
         for c in res.cycles:
             assert c.t_draft == pytest.approx(DRAFT_S * c.depth, abs=1e-12)
@@ -154,11 +155,10 @@ def test_an_untimed_step_has_the_same_outputs_and_no_times(fresh_tiny):
     """BatchEngine.timed = False (what the GPU check compares a timed call with): no marks, the same
     tokens and shapes, the step records' times left at 0."""
     model, head = fresh_tiny
-    eng = Engine(model, head)
-    timed = eng.batched.generate([[1, 2, 3], [4, 5, 6, 7]], 10, batch_size=2)
-    eng.batched.timed = False
-    untimed = eng.batched.generate([[1, 2, 3], [4, 5, 6, 7]], 10, batch_size=2)
-    eng.batched.timed = True
+    eng = BatchEngine(model, head)
+    timed = eng.generate([[1, 2, 3], [4, 5, 6, 7]], 10, batch_size=2)
+    eng.timed = False
+    untimed = eng.generate([[1, 2, 3], [4, 5, 6, 7]], 10, batch_size=2)
     assert [r.output_ids for r in untimed.rows] == [r.output_ids for r in timed.rows]
     assert [s.accepted for s in untimed.steps] == [s.accepted for s in timed.steps]
     assert all(s.t_step > 0 and s.t_verify > 0 for s in timed.steps)

@@ -53,7 +53,8 @@ def test_row_shapes_each_row_takes_its_own_acceptance_and_the_verify_is_priced_b
     assert lat.batch_context == "max"                               # DraftGym's engine: padded to the longest row
     assert res.step_time[0] == pytest.approx(float(fixed + lat.t_verify(4, c, batch=3)), rel=1e-9)
     paged = dataclasses.replace(lat, batch_context="mean")          # a flattened-token engine: the rows' total
-    t = table.row_step_time(paged, table.index(step_shape.chain(3)), [table.index(x) for x in (step_shape.chain(1), step_shape.OFF, step_shape.chain(3))],
+    t = table.row_step_time(paged, table.index(step_shape.chain(3)),
+                            [table.index(x) for x in (step_shape.chain(1), step_shape.OFF, step_shape.chain(3))],
                             3, paged.step_context(ctx))
     fixed = 3 * paged.t_draft(1, paged.step_context(ctx), batch=3) + paged.t_overhead(paged.step_context(ctx), batch=3)
     assert t == pytest.approx(float(fixed + paged.t_verify((2 + 1 + 4) / 3, paged.step_context(ctx), batch=3)), rel=1e-9)
@@ -199,7 +200,8 @@ def test_context_axis_splits_sum_to_the_totals_and_the_answer_is_an_exact_replay
     ch.reset(table, lat)
     view = lambda B, c: StepView(batch=B, rows=np.zeros(B, np.int64), context_len=np.full(B, c), left=np.ones(B),
                                  requests=np.arange(B), time=0.0, queued=0)
-    assert table.shapes[ch.choose(view(1, edges[0] - 1))] == step_shape.OFF and table.shapes[ch.choose(view(2, edges[1]))] == step_shape.chain(2)
+    assert (table.shapes[ch.choose(view(1, edges[0] - 1))] == step_shape.OFF
+            and table.shapes[ch.choose(view(2, edges[1]))] == step_shape.chain(2))
     assert table.shapes[ch.choose(view(3, edges[0]))] == step_shape.chain(1) and table.shapes[ch.choose(view(4, 0))] == step_shape.chain(2)
     ans = context_axis(logs, lat, [1, 2], shapes, n_bins=3)
     for r in ans["per_batch"]:

@@ -189,8 +189,14 @@ def test_schedule_merges_and_round_trips(tmp_path):
     assert [s.shape_for(x) for x in (1, 3, 4, 100)] == [a, a, b, b]
     back = Schedule.load(s.save(tmp_path / "s.json"))
     assert back.ranges == s.ranges
-    with pytest.raises(DataError, match="contiguous"):
+    with pytest.raises(DataError, match="without gaps"):
         Schedule([(1, 3, a), (5, 8, b)])
+    with pytest.raises(DataError, match="the last range is open"):
+        Schedule([(1, 3, a), (4, None, b)])
+    # the engine's controller reads the same ranges by the same rule (pipeline/decode/step_shape.py batch_ranges)
+    from pipeline.decode.controller import ScheduleController
+    ctl = ScheduleController(s.ranges)
+    assert [ctl.shape_for(x) for x in (1, 3, 4, 100)] == [s.shape_for(x) for x in (1, 3, 4, 100)]
     (tmp_path / "bad.json").write_text('{"format": "other"}')
     with pytest.raises(DataError, match="not a DraftGym schedule"):
         Schedule.load(tmp_path / "bad.json")

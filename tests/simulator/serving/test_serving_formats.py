@@ -1,4 +1,5 @@
-"""The serving engines' formats: `draftgym export` (vLLM, SGLang static, adaptive and throughput-aware\nconfigs, checked against each engine's rules) and `draftgym profile-import` of SGLang's timing file."""
+"""The serving engines' formats: `draftgym export` (vLLM, SGLang static, adaptive and throughput-aware
+configs, checked against each engine's rules) and `draftgym profile-import` of SGLang's timing file."""
 from __future__ import annotations
 
 import json

@@ -1,7 +1,8 @@
-"""The LTD- and RADAR-style load-aware methods (simulator/methods/ltd/serving_policy.py, simulator/methods/radar/serving_policy.py) beside the
-Re-SpS-style one: their action sets and the map from a structured decision to a shape index, each
-method trains, saves, loads and replays in `draftgym serve-eval`, a learned policy learns "off" at
-large B where drafting is expensive there, and bad input is refused in one line. Small synthetic logs."""
+"""The LTD- and RADAR-style load-aware methods (simulator/methods/ltd/serving_policy.py,
+simulator/methods/radar/serving_policy.py) beside the Re-SpS-style one: their action sets and the map
+from a structured decision to a shape index, each method trains, saves, loads and replays in
+`draftgym serve-eval`, a learned policy learns "off" at large B where drafting is expensive there,
+and bad input is refused in one line. Small synthetic logs."""
 from __future__ import annotations
 
 import json

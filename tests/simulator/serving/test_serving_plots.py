@@ -38,7 +38,7 @@ def root(tmp_path_factory):
 
 
 def bench_report(dtype="float32"):
-    """What `python -m online.bench.batch --out FILE` writes, the fields the figures read."""
+    """What `python -m tools.bench.batch --out FILE` writes, the fields the figures read."""
     by = lambda a, b, fa, fb: {"1": {"tokens_per_s": a, "full_batch_decode_tokens_per_s": fa},
                                "4": {"tokens_per_s": b, "full_batch_decode_tokens_per_s": fb}}
     return {"config": {"batch_sizes": [1, 4], "methods": {"ar": [0, 1, 1], "chain:2": [2, 1, 3], "tree:2,10,10": [2, 10, 10]}},
@@ -76,7 +76,8 @@ def test_replay_curves_are_tunes_closed_batch(logs, lat):
     pred, notes = plots.replay_curves(logs, lat, shapes, [1, 4])
     assert set(pred) == {"ar", "chain:2", "tree:3,10,20"}
     assert len(notes) == 1 and notes[0].startswith("deep: not replayed") and "max_depth" in notes[0]
-    ref = tune(logs, lat, [1, 4], [step_shape.OFF, step_shape.chain(2), (3, 10, 20)], refine=False)                # the same numbers, another path
+    # the same numbers, another path
+    ref = tune(logs, lat, [1, 4], [step_shape.OFF, step_shape.chain(2), (3, 10, 20)], refine=False)
     for a, name in enumerate(["ar", "chain:2", "tree:3,10,20"]):
         assert [pred[name][1], pred[name][4]] == pytest.approx(ref["tokens_per_s"][:, a].tolist(), rel=1e-12)
     assert pred["ar"][4] > pred["ar"][1]                  # AR's rows share the step: more tokens/s at B = 4
