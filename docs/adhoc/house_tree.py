@@ -11,7 +11,6 @@ appear or go between the first and the last. The house logs quote it (docs/bench
 from __future__ import annotations
 
 import argparse
-import ast
 import subprocess
 import sys
 import tarfile
@@ -20,6 +19,8 @@ from io import BytesIO
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from tests.test_layout import _imports as file_imports  # noqa: E402 (the house rules' one reading of imports)
 TOPS = ("pipeline", "simulator", "online", "tools", "tests")
 PACKAGES = ("pipeline", "simulator", "online", "tools")
 
@@ -63,18 +64,11 @@ def import_graph(root: Path) -> set[tuple[str, str]]:
             mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     edges = set()
     for m, f in mods.items():
-        for node in ast.walk(ast.parse(f.read_text(), str(f))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            else:
-                continue
-            for n in names:
-                while n and n not in mods:
-                    n = n.rpartition(".")[0]
-                if n and folder_of(n) != folder_of(m) and n.split(".")[0] in PACKAGES:
-                    edges.add((folder_of(m), folder_of(n)))
+        for n in file_imports(f):                     # the layout test's reading of a file's imports
+            while n and n not in mods:
+                n = n.rpartition(".")[0]
+            if n and folder_of(n) != folder_of(m):
+                edges.add((folder_of(m), folder_of(n)))
     return edges
 
 
