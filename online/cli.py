@@ -121,18 +121,14 @@ def add_validate(sub: argparse._SubParsersAction) -> None:
     add_no_progress(p)
     set_command(p, _validate_config, "online.cli:run_validate_command",
                 "online.validate.common:Batch1Config,BatchSizesConfig,LoadTraceConfig")
-
-
-# the options that belong to one or two of validate's modes (online/validate/common.py), by field
-MODE_OPTIONS = {"reanchor": "--no-reanchor", "shapes": "--shapes", "schedule": "--schedule",
-                "batch_sizes": "--batch-sizes", "load_trace": "--load-trace", "max_batch": "--max-batch",
-                "row_budget_k": "--row-budget-k", "nightjar_k": "--nightjar-k", "acceptance_model": "--acceptance-model"}
+    p.set_defaults(flags={a.dest: a.option_strings[0] for a in p._actions if a.option_strings})   # dest -> its flag
 
 
 def _validate_config(args):
-    from online.validate.common import validate_mode
+    from online.validate.common import MODE_FIELDS, validate_mode
 
-    mode = validate_mode({name: flag for name, flag in MODE_OPTIONS.items() if getattr(args, name) not in (None, "")})
+    mode = validate_mode({name: flag for name, flag in args.flags.items()             # the mode's own settings given
+                          if name in MODE_FIELDS and getattr(args, name) not in (None, "")})
     ints = lambda name: given(getattr(args, name), lambda s: parse_positive_ints(s, "--" + name.replace("_", "-"))
                               if s else ())
     modal = {"batch_sizes": ints("batch_sizes"),

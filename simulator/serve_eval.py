@@ -65,8 +65,7 @@ from simulator.serving.choosers.sglang_dspark import SGLangDSpark
 from simulator.serving.choosers.sglang_throughput import SGLangThroughput
 from simulator.serving.choosers.vllm_adaptive import VLLMAdaptiveVerification
 from simulator.serving.formats.dspark_table import dspark_table
-from simulator.serving.inputs import ServingLogsConfig, load_inputs, profiled_candidates
-from simulator.serving.inputs import replayable
+from simulator.serving.inputs import load_inputs, profiled_candidates, replayable, ServingLogsConfig
 from simulator.serving.load import SwitchPrice, serve
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule

@@ -6,8 +6,7 @@ command runs).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from pipeline.cliargs import (COUNT, DTYPES, NON_NEGATIVE, NON_NEGATIVE_FLOAT, POSITIVE_FLOAT, add_json,
                               add_no_progress, config_from_args, set_command, window_arg)

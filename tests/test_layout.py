@@ -1,11 +1,14 @@
-"""The package layout the README promises: imports flow online -> simulator -> pipeline, and no
-module imports itself back through others (no import circle, lazy function-level imports included:
-a lazy import that closes a circle is still a circle, only one that happens to be resolved late).
-Reads the sources with `ast`; imports nothing."""
+"""The house rules (docs/design.md): imports flow online -> simulator -> pipeline (the tools above them,
+never imported back), and no module imports itself back through others (no import circle, lazy
+function-level imports included: a lazy import that closes a circle is still a circle, only one that
+happens to be resolved late); sizes, line length, folder lists, the step shape's one home, module
+names, lazy imports. Reads the sources with `ast`; imports none of them. Each check is shown able to fail."""
 import ast
 import re
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "simulator", "online")
@@ -254,18 +257,20 @@ def test_modules_are_imported_by_their_names():
     assert not _one_letter_aliases(files), _one_letter_aliases(files)
 
 
-def test_the_shape_and_alias_checks_can_fail(tmp_path):
-    (tmp_path / "a.py").write_text("from simulator.serving import shapes as S\nimport torch.nn.functional as F\n")
-    (tmp_path / "b.py").write_text("def pool_size(d, w):\n    return d\n")
-    global ROOT
-    root, ROOT = ROOT, tmp_path
-    try:
-        assert _one_letter_aliases([tmp_path / "a.py"]) == ["a.py: simulator.serving.shapes as S"]
-        assert _shape_definitions([tmp_path / "b.py"]) == {"pool_size": ["b.py"]}
-        assert POOL_FORMULA.search("n = w + (d - 1) * w * w") and POOL_FORMULA.search("W + (int(depth) - 1) * W ** 2")
-        assert not POOL_FORMULA.search("KVBuffer(kv, B, (max_depth - 1) * W)")
-    finally:
-        ROOT = root
+@pytest.fixture
+def at_tmp_root(tmp_path, monkeypatch):
+    """The checks name files relative to tmp_path (where a can-fail test writes its own), not the repository."""
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    return tmp_path
+
+
+def test_the_shape_and_alias_checks_can_fail(at_tmp_root):
+    (at_tmp_root / "a.py").write_text("from simulator.serving import shapes as S\nimport torch.nn.functional as F\n")
+    (at_tmp_root / "b.py").write_text("def pool_size(d, w):\n    return d\n")
+    assert _one_letter_aliases([at_tmp_root / "a.py"]) == ["a.py: simulator.serving.shapes as S"]
+    assert _shape_definitions([at_tmp_root / "b.py"]) == {"pool_size": ["b.py"]}
+    assert POOL_FORMULA.search("n = w + (d - 1) * w * w") and POOL_FORMULA.search("W + (int(depth) - 1) * W ** 2")
+    assert not POOL_FORMULA.search("KVBuffer(kv, B, (max_depth - 1) * W)")
 
 
 # -- each folder lists what it holds ---------------------------------------------------------------------
@@ -323,14 +328,9 @@ def test_no_needless_lazy_imports():
     assert not _needless_lazy_imports(files), _needless_lazy_imports(files)
 
 
-def test_the_lazy_import_check_can_fail(tmp_path):
-    global ROOT
-    (tmp_path / "a.py").write_text("import json\n\ndef f():\n    import torch\n    import re\n    from numpy import ones\n")
-    root, ROOT = ROOT, tmp_path
-    try:
-        assert _needless_lazy_imports([tmp_path / "a.py"]) == ["a.py:5: import re", "a.py:6: from numpy import ones"]
-    finally:
-        ROOT = root
+def test_the_lazy_import_check_can_fail(at_tmp_root):
+    (at_tmp_root / "a.py").write_text("import json\n\ndef f():\n    import torch\n    import re\n    from numpy import ones\n")
+    assert _needless_lazy_imports([at_tmp_root / "a.py"]) == ["a.py:5: import re", "a.py:6: from numpy import ones"]
 
 
 # -- a line reads without scrolling -----------------------------------------------------------------------
@@ -349,11 +349,6 @@ def test_lines_stay_readable():
     assert not _long_lines(files), _long_lines(files)
 
 
-def test_the_line_check_can_fail(tmp_path):
-    global ROOT
-    (tmp_path / "a.py").write_text("x = 1\n" + "y = '" + "z" * MAX_LINE + "'\n")
-    root, ROOT = ROOT, tmp_path
-    try:
-        assert _long_lines([tmp_path / "a.py"]) == [f"a.py:2: {MAX_LINE + 6}"]
-    finally:
-        ROOT = root
+def test_the_line_check_can_fail(at_tmp_root):
+    (at_tmp_root / "a.py").write_text("x = 1\n" + "y = '" + "z" * MAX_LINE + "'\n")
+    assert _long_lines([at_tmp_root / "a.py"]) == [f"a.py:2: {MAX_LINE + 6}"]

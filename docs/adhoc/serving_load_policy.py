@@ -25,8 +25,7 @@ from simulator.serve_eval import learned_choosers
 from simulator.serving import arrivals as arr, metrics
 from simulator.serving.choosers.base import GreedyOracle, ScheduleChooser, StaticChooser
 from simulator.serving.env import LoadEnv, LoadEnvConfig
-from simulator.serving.inputs import candidates
-from simulator.serving.inputs import load_inputs
+from simulator.serving.inputs import candidates, load_inputs
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
 from simulator.serving.schedule import Schedule

@@ -57,7 +57,7 @@ from pipeline.decode import step_shape
 from pipeline.decode.controller import ScheduleController, StaticController
 from pipeline.decode.engine.core import BatchEngine
 from pipeline.decode.lossless import summarize_verdicts
-from pipeline.decode.step_shape import canonical, label, StepShape
+from pipeline.decode.step_shape import StepShape
 from pipeline.errors import DataError, DraftGymError
 from pipeline.logs.schema import write_batch_steps
 from pipeline.models.head import load_head_for
@@ -236,7 +236,7 @@ def summarize_cells(cells: dict, methods: list[Method], recs) -> dict:
             held_tok = sum(f["held"]["tokens"] for f in c.figures)
             held_s = sum(f["held"]["seconds"] for f in c.figures)
             held_rs = sum(f["held"]["steps"] * f["held"]["batch"] for f in c.figures)
-            s = {"shape": _label(m.shape_at(B)),
+            s = {"shape": step_shape.label(m.shape_at(B)),
                  "tokens_per_s": statistics.mean(tps), "tokens_per_s_std": statistics.pstdev(tps) if len(tps) > 1 else 0.0,
                  "per_request_tokens_per_s": statistics.mean(per_req) if per_req else None,
                  "tau": statistics.mean(f["tau"] for f in c.figures),
@@ -255,10 +255,6 @@ def summarize_cells(cells: dict, methods: list[Method], recs) -> dict:
         for s in out[str(B)].values():
             s["speedup_vs_ar"] = pipeline_metrics.speedup(s["tokens_per_s"], ar)
     return out
-
-
-def _label(shape) -> str:
-    return label(shape)
 
 
 # ---------------------------------------------------------------------------------- the simulator's side
@@ -320,7 +316,7 @@ def interleave_slices(cfg: BatchSizesConfig, methods: list[Method], engine, toke
     if not cfg.profile_interleave:
         return None
 
-    shapes_at = {B: sorted({canonical(m.shape_at(B)) for m in methods}) for B in cfg.batch_sizes}
+    shapes_at = {B: sorted({step_shape.canonical(m.shape_at(B)) for m in methods}) for B in cfg.batch_sizes}
     contexts = slice_contexts([p for ps in encoded.values() for p in ps], cfg.max_new_tokens,
                               engine.model.config.max_position_embeddings)
     return BatchProfileSlices(engine, tokenizer, shapes_at, contexts, cfg.profile_interleave)
@@ -360,7 +356,6 @@ def run_validate_batch(cfg: BatchSizesConfig, progress: bool = True) -> dict:
     if logs is not None:
         clocks = {"": lat}
         if slices is not None:                       # the time-local profile; the logs' own: the second column
-
             local, report["profile_interleave"] = time_local_profile(slices, engine, cfg.logs, lat.meta["profile_id"],
                                                                      logs.model, cfg.out, dev, dtype)
             clocks = {"": local, "_logs_profile": lat}

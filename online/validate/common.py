@@ -95,6 +95,7 @@ class LoadTraceConfig(ServedShapes):
 
 MODE_NAMES = {Batch1Config: "batch 1 (no --batch-sizes or --load-trace)", BatchSizesConfig: "--batch-sizes",
               LoadTraceConfig: "--load-trace"}
+MODE_FIELDS = {f.name for m in MODE_NAMES for f in fields(m)} - {f.name for f in fields(ValidateConfig)}   # one mode's or two
 
 
 def validate_mode(options: dict[str, str]):

@@ -59,8 +59,7 @@ from simulator.serving import metrics
 from simulator.serving.choosers.base import ScheduleChooser, StaticChooser
 from simulator.serving.choosers.learned import LearnedChooser
 from simulator.serving.env import OBJECTIVES, LoadEnv, LoadEnvConfig
-from simulator.serving.inputs import ServingLogsConfig, load_inputs
-from simulator.serving.inputs import candidates, replayable
+from simulator.serving.inputs import candidates, load_inputs, replayable, ServingLogsConfig
 from simulator.serving.load import serve
 from simulator.serving.replay import ShapeTable
 from simulator.serving.tune import tune

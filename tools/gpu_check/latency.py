@@ -44,8 +44,7 @@ from dataclasses import replace
 import torch
 
 from pipeline.errors import first_line
-from pipeline.profiling.timed_ops import stats_of
-from pipeline.profiling.timed_ops import draft_op, time_op, verify_op
+from pipeline.profiling.timed_ops import draft_op, stats_of, time_op, verify_op
 from pipeline.runtime.bandwidth import weight_read_bound
 from pipeline.runtime.clock import DeviceClock
 
