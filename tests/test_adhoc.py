@@ -153,6 +153,8 @@ def test_house_tree(tmp_path, capsys):
     assert load("house_tree").main(["--worktree", "--out", str(tmp_path / "tree.md")]) == 0
     md = (tmp_path / "tree.md").read_text()
     assert "| `pipeline/decode/engine/` |" in md and "| `tools/gpu_check/` |" in md and md == capsys.readouterr().out[:-1]
+    with pytest.raises(SystemExit, match="'no-such-rev' is not a revision"):       # a bad revision: one line
+        load("house_tree").main(["no-such-rev"])
     edges = re.findall(r"^- `(\w+)\.[\w.]*` -> (.*)$", md, re.M)
     rank = {"pipeline": 0, "simulator": 1, "online": 2, "tools": 3}
     assert edges and all(rank[b] <= rank[a] for a, targets in edges for b in re.findall(r"`(\w+)", targets))

@@ -31,6 +31,8 @@ def checkout(rev: str, into: Path) -> Path:
     if not data:                                                  # an old revision without tools/: ask for less
         have = [t for t in TOPS if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{rev}:{t}"],
                                                   capture_output=True).returncode == 0]
+        if not have:
+            raise SystemExit(f"house_tree: {rev!r} is not a revision of this repository holding {', '.join(TOPS)}")
         data = subprocess.run(["git", "-C", str(ROOT), "archive", rev, *have], capture_output=True, check=True).stdout
     with tarfile.open(fileobj=BytesIO(data)) as tar:
         tar.extractall(into, filter="data")
